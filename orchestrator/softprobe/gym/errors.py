@@ -1,0 +1,133 @@
+"""The exceptions softprobe-gym raises: one small hierarchy under :class:`GymError`.
+
+Exceptions are for the *caller's* mistakes and for infrastructure failures. What an agent gets
+wrong inside its container (an unknown tool, a bad path, a timeout, a failing command) is never an
+exception: ``step`` returns a ``StepResult`` whose ``error`` says what happened.
+"""
+
+from __future__ import annotations
+
+
+class GymError(Exception):
+    """Base class of every error softprobe-gym raises on purpose."""
+
+
+class ConfigurationError(GymError, ValueError):
+    """An argument to ``create_host_environment`` (or another constructor) is invalid."""
+
+
+class InvalidActionError(GymError, ValueError):
+    """What was passed as an action is not an action; nothing ran and the episode is unchanged."""
+
+
+class EpisodeNotFoundError(GymError, KeyError):
+    """No episode with this id exists on this host."""
+
+    def __init__(self, episode_id: str) -> None:
+        super().__init__(episode_id)
+        self.episode_id = episode_id
+
+    def __str__(self) -> str:
+        return f"no episode {self.episode_id!r} on this host; create it with create_episode()"
+
+
+class EpisodeExistsError(GymError, ValueError):
+    """``create_episode`` was given an id that this host already uses."""
+
+
+class LifecycleError(GymError):
+    """A call came out of lifecycle order (for example ``step`` before ``reset``).
+
+    Attributes:
+        episode_id: the episode concerned.
+        state: the state it was in.
+        operation: the call that was refused.
+    """
+
+    def __init__(self, episode_id: str, state: str, operation: str, hint: str) -> None:
+        super().__init__(f"cannot {operation} episode {episode_id!r} in state {state!r}: {hint}")
+        self.episode_id = episode_id
+        self.state = state
+        self.operation = operation
+
+
+class EpisodeBrokenError(GymError):
+    """The episode's container or shim died or stopped answering; ``reset`` or ``destroy`` it."""
+
+    def __init__(self, episode_id: str, reason: str) -> None:
+        super().__init__(
+            f"episode {episode_id!r} is broken: {reason}. Call reset() to start it again "
+            "from the seed, or destroy() it."
+        )
+        self.episode_id = episode_id
+        self.reason = reason
+
+
+class OnStepHookError(GymError):
+    """The host's ``on_step`` hook raised. The step itself ran and is recorded in ``step_result``."""
+
+    def __init__(self, message: str, step_result: object) -> None:
+        super().__init__(message)
+        self.step_result = step_result
+
+
+class SandboxError(GymError):
+    """The sandbox backend (Docker) failed to do something the host asked of it."""
+
+
+class DockerUnavailableError(SandboxError):
+    """No Docker engine answers."""
+
+
+class ImageNotFoundError(SandboxError):
+    """The seed image does not exist on the engine."""
+
+
+class ImageBuildError(SandboxError):
+    """Building one of the project's images failed; the message carries the build's output."""
+
+
+class SandboxStartError(SandboxError):
+    """A container started but its shim did not come up; the message carries the shim's stderr."""
+
+
+class SandboxLostError(SandboxError):
+    """The container or its shim died, or the shim stopped answering, in the middle of a call."""
+
+
+class UnsafeArchiveError(SandboxError):
+    """An archive copied out of a container held a member that would land outside its destination."""
+
+
+class CapabilityError(GymError):
+    """An operation needs a capability the host did not declare."""
+
+
+class UnsupportedForkError(CapabilityError):
+    """A fork was asked for on a path that is not legal here (see ``HostEnvironment.fork``)."""
+
+
+class LeakageError(GymError):
+    """An id (or task content) appears in both the train and the eval split."""
+
+
+__all__ = [
+    "CapabilityError",
+    "ConfigurationError",
+    "DockerUnavailableError",
+    "EpisodeBrokenError",
+    "EpisodeExistsError",
+    "EpisodeNotFoundError",
+    "GymError",
+    "ImageBuildError",
+    "ImageNotFoundError",
+    "InvalidActionError",
+    "LeakageError",
+    "LifecycleError",
+    "OnStepHookError",
+    "SandboxError",
+    "SandboxLostError",
+    "SandboxStartError",
+    "UnsafeArchiveError",
+    "UnsupportedForkError",
+]

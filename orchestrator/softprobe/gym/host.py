@@ -1,0 +1,625 @@
+"""The host episode API: create, reset, step, checkpoint, finalize and destroy episodes.
+
+Each episode runs in its own container started from the seed image; its tools run through the
+shim inside it. The host owns every episode's state machine and its folder under ``run_root``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import labels as L
+from .actions import TerminateAction, ToolAction, parse_action
+from .episode_store import EpisodeStore, validate_episode_id
+from .errors import (
+    CapabilityError,
+    ConfigurationError,
+    EpisodeBrokenError,
+    EpisodeExistsError,
+    EpisodeNotFoundError,
+    LifecycleError,
+    OnStepHookError,
+    SandboxLostError,
+    UnsupportedForkError,
+)
+from .hooks import OnStepHook, StepContext, call_hook
+from .lifecycle import require
+from .results import (
+    CheckpointRecord,
+    EpisodeHandle,
+    EpisodeState,
+    FinalizeResult,
+    ResetResult,
+    StepError,
+    StepResult,
+)
+from .sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from .settings import Capabilities, ContainerSettings
+
+DEFAULT_IMAGE = "softprobe/base:latest"
+
+
+@dataclass
+class _Episode:
+    """The host's private record of one episode."""
+
+    episode_id: str
+    store: EpisodeStore
+    state: EpisodeState = EpisodeState.CREATED
+    sandbox: Sandbox | None = None
+    steps: list[StepResult] = field(default_factory=list)
+    workspace_digest: str = ""
+    broken: str | None = None
+    checkpoints: list[str] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class HostEnvironment:
+    """Runs episodes, each in its own container. Create it with :func:`create_host_environment`.
+
+    Lifecycle of an episode: ``created -> ready -> running -> terminated -> finalized ->
+    destroyed``. A call out of order raises :class:`LifecycleError` and changes nothing.
+    All methods are coroutines and take keyword arguments only. Calls on one episode are
+    served one at a time; calls on different episodes run concurrently.
+
+    Use it as ``async with create_host_environment(...) as host:`` or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_root: Path,
+        seed_root: Path | None,
+        image: str,
+        capabilities: Capabilities,
+        on_step: OnStepHook | None,
+        subject: Any,
+        container: ContainerSettings,
+        tool_timeout_s: float,
+        max_tool_timeout_s: float,
+        output_cap_bytes: int,
+        max_steps: int | None,
+        backend: SandboxBackend,
+        sweep_on_start: bool,
+    ) -> None:
+        self.run_root = run_root
+        self.seed_root = seed_root
+        self.image = image
+        self.capabilities = capabilities
+        self.container_settings = container
+        self.tool_timeout_s = tool_timeout_s
+        self.max_tool_timeout_s = max_tool_timeout_s
+        self.output_cap_bytes = output_cap_bytes
+        self.max_steps = max_steps
+        self.host_id = uuid.uuid4().hex[:16]
+        self._on_step = on_step
+        self._subject = subject
+        self._backend = backend
+        self._episodes: dict[str, _Episode] = {}
+        self._checkpoints: dict[str, CheckpointRecord] = {}
+        self._sweep_pending = sweep_on_start
+        self._sweep_lock = asyncio.Lock()
+        self._closed = False
+
+    # -- context manager -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> HostEnvironment:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def state(self, *, episode_id: str) -> EpisodeState:
+        """The episode's lifecycle state. Raises EpisodeNotFoundError."""
+        return self._get(episode_id).state
+
+    def trajectory(self, *, episode_id: str) -> list[StepResult]:
+        """The steps taken since the episode's last reset."""
+        return list(self._get(episode_id).steps)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def create_episode(self, *, episode_id: str | None = None) -> EpisodeHandle:
+        """Reserve an episode id and its folder ``run_root/episodes/<episode_id>``.
+
+        No container is started until :meth:`reset`.
+
+        Args:
+            episode_id: 1-128 letters, digits, ``.``, ``_`` or ``-``; generated if omitted.
+
+        Raises:
+            ConfigurationError: the id is not of that form.
+            EpisodeExistsError: this host already has an episode with that id.
+        """
+        self._check_open()
+        episode_id = validate_episode_id(episode_id or f"ep-{uuid.uuid4().hex[:12]}")
+        if episode_id in self._episodes:
+            raise EpisodeExistsError(
+                f"episode {episode_id!r} already exists on this host; pick another id or "
+                "destroy it first"
+            )
+        episode = _Episode(episode_id, EpisodeStore(self.run_root, episode_id))
+        self._episodes[episode_id] = episode
+        episode.store.create(self._record(episode))
+        return EpisodeHandle(
+            episode_id=episode_id, state=episode.state, episode_dir=episode.store.dir
+        )
+
+    async def reset(self, *, episode_id: str) -> ResetResult:
+        """Start the episode from the seed in a fresh container and return the first observation.
+
+        The container is started from ``image``; ``seed_root`` is copied into ``/workspace``. On
+        an episode that already ran, the old container is removed first and the action log
+        starts over: nothing of the previous attempt carries into the new one.
+
+        Raises:
+            LifecycleError: the episode is finalized or destroyed.
+            ImageNotFoundError: the seed image is not on the engine.
+            SandboxStartError / SandboxError: the container could not be started.
+        """
+        episode = self._get(episode_id)
+        require(episode_id, episode.state, "reset")
+        await self._sweep_once()
+        async with episode.lock:
+            require(episode_id, episode.state, "reset")
+            started = time.perf_counter()
+            await self._drop_sandbox(episode)
+            sandbox = await self._backend.start(
+                SandboxSpec(
+                    image=self.image,
+                    settings=self.container_settings,
+                    labels=self._labels(episode_id),
+                    seed_root=self.seed_root,
+                )
+            )
+            if episode.state is EpisodeState.DESTROYED:  # destroyed while the container started
+                await sandbox.remove()
+                require(episode_id, episode.state, "reset")
+            episode.sandbox = sandbox
+            episode.steps = []
+            episode.broken = None
+            episode.workspace_digest = sandbox.hello.workspace_digest
+            episode.state = EpisodeState.READY
+            episode.store.start_trajectory()
+            episode.store.write_record(self._record(episode))
+            hello = sandbox.hello
+            return ResetResult(
+                episode_id=episode_id,
+                observation={
+                    "tools": [tool.name for tool in hello.tools],
+                    "workspace_files": hello.workspace_files,
+                },
+                diagnostics={
+                    "workspace_digest": hello.workspace_digest,
+                    "changed_paths": [],
+                    "image_id": sandbox.image_id,
+                    "shim_version": hello.shim_version,
+                },
+                tools=hello.tools,
+                duration_ms=_ms_since(started),
+            )
+
+    async def step(self, *, episode_id: str, action: object) -> StepResult:
+        """Apply one action and return what the agent observes.
+
+        ``action`` is ``{"type": "tool", "name": ..., "args": {...}}`` or
+        ``{"type": "terminate", "output": ...}`` (a dict or a model). It is validated before
+        anything runs.
+
+        What the agent gets wrong is not an exception: an unknown tool, bad arguments, a path
+        outside the workspace, a timeout, a failing command or one that runs out of memory all
+        return a StepResult whose ``error`` says what happened, and the episode goes on.
+        ``terminated`` is True after a ``terminate`` action; ``truncated`` is True when the step
+        reached ``max_steps``. Either ends the episode (state ``terminated``). Actions are never
+        retried: a tool may have had effects.
+
+        Raises:
+            InvalidActionError: ``action`` is not an action (the episode is unchanged).
+            LifecycleError: the episode is not ``ready`` or ``running``.
+            EpisodeBrokenError: the container or shim died or hung; ``reset`` or ``destroy`` it.
+            OnStepHookError: the ``on_step`` hook raised (the step ran and is recorded).
+        """
+        episode = self._get(episode_id)
+        self._require_usable(episode, "step")
+        parsed = parse_action(action)
+        async with episode.lock:
+            self._require_usable(episode, "step")
+            sandbox = episode.sandbox
+            assert sandbox is not None
+            started = time.perf_counter()
+            index = len(episode.steps) + 1
+            if isinstance(parsed, TerminateAction):
+                observation: Any = parsed.output if parsed.output is not None else ""
+                error: StepError | None = None
+                diagnostics: dict[str, Any] = {
+                    "workspace_digest": episode.workspace_digest,
+                    "changed_paths": [],
+                }
+            else:
+                call = await self._call_tool(episode, sandbox, parsed)
+                observation, error, diagnostics = call.observation, call.error, call.diagnostics
+                episode.workspace_digest = diagnostics["workspace_digest"]
+            terminated = isinstance(parsed, TerminateAction)
+            truncated = not terminated and self.max_steps is not None and index >= self.max_steps
+            result = StepResult(
+                episode_id=episode_id,
+                index=index,
+                action=parsed,
+                observation=observation,
+                terminated=terminated,
+                truncated=truncated,
+                diagnostics=diagnostics,
+                error=error,
+            )
+            hook_error = await self._run_hook(episode, sandbox, parsed, result)
+            result.duration_ms = _ms_since(started)
+            episode.steps.append(result)
+            episode.store.append_step(result)
+            episode.state = (
+                EpisodeState.TERMINATED if terminated or truncated else EpisodeState.RUNNING
+            )
+        if hook_error is not None:
+            raise OnStepHookError(
+                f"on_step raised {type(hook_error).__name__}: {hook_error} (step {index} of "
+                f"{episode_id!r} ran and is recorded; see .step_result)",
+                result,
+            ) from hook_error
+        return result
+
+    async def checkpoint(self, *, episode_id: str) -> CheckpointRecord:
+        """Snapshot the episode's container filesystem (``docker commit``) for a later fork.
+
+        Needs the ``environment_checkpoint`` capability. Captures the filesystem (workspace
+        included), not process memory, volumes or tmpfs mounts.
+
+        Raises:
+            CapabilityError: ``environment_checkpoint`` was not declared (nothing is committed).
+            LifecycleError / EpisodeBrokenError: the episode has no live container.
+        """
+        episode = self._get(episode_id)
+        if not self.capabilities.environment_checkpoint:
+            raise CapabilityError(
+                "checkpoint needs the environment_checkpoint capability; declare it with "
+                "create_host_environment(capabilities={'environment_checkpoint': True, ...})"
+            )
+        self._require_usable(episode, "checkpoint")
+        async with episode.lock:
+            self._require_usable(episode, "checkpoint")
+            assert episode.sandbox is not None
+            checkpoint_id = f"ckpt-{uuid.uuid4().hex[:16]}"
+            labels = self._labels(episode_id) | {L.CHECKPOINT: checkpoint_id}
+            image_id = await episode.sandbox.commit(labels=labels)
+            subject_state = None
+            if self._subject is not None:
+                subject_state = await _maybe_await(self._subject.export_state(episode_id))
+            record = CheckpointRecord(
+                checkpoint_id=checkpoint_id,
+                episode_id=episode_id,
+                step_index=len(episode.steps),
+                image_id=image_id,
+                workspace_digest=episode.workspace_digest,
+                subject_state=subject_state,
+                created_at=datetime.now(timezone.utc),
+            )
+            self._checkpoints[checkpoint_id] = record
+            episode.checkpoints.append(checkpoint_id)
+            folder = episode.store.dir / "checkpoints"
+            folder.mkdir(exist_ok=True)
+            (folder / f"{checkpoint_id}.json").write_text(record.model_dump_json(indent=2))
+            return record
+
+    async def fork(self, *, episode_id: str, path: str, **options: Any) -> Any:
+        """Branch a new episode from this one. Only ``checkpoint_import`` and
+        ``prefix_reexecution`` are legal; anything else raises UnsupportedForkError.
+
+        Forking is not implemented in this version: every path raises UnsupportedForkError
+        before any work is done.
+        """
+        self._get(episode_id)
+        raise UnsupportedForkError(
+            f"fork path {path!r} is not available in this version of softprobe-gym"
+        )
+
+    async def finalize(self, *, episode_id: str) -> FinalizeResult:
+        """Seal the episode: copy its final workspace out, write its records, stop its container.
+
+        Writes ``run_root/episodes/<id>/``: ``trajectory.jsonl`` (already appended per step),
+        ``result.json`` and ``workspace/`` (extracted safely: no member may land outside it).
+
+        Raises:
+            LifecycleError: the episode never ran, or is already finalized or destroyed.
+            EpisodeBrokenError: the container died, so its workspace cannot be collected.
+            UnsafeArchiveError: the workspace held a member that would escape the folder.
+        """
+        episode = self._get(episode_id)
+        self._require_usable(episode, "finalize")
+        async with episode.lock:
+            self._require_usable(episode, "finalize")
+            assert episode.sandbox is not None
+            store = episode.store
+            store.clear_workspace()
+            await episode.sandbox.copy_out("/workspace", store.dir)
+            last = episode.steps[-1] if episode.steps else None
+            final_output = (
+                last.action.output
+                if last is not None and isinstance(last.action, TerminateAction)
+                else None
+            )
+            result = FinalizeResult(
+                episode_id=episode_id,
+                steps=len(episode.steps),
+                terminated=bool(last and last.terminated),
+                truncated=bool(last and last.truncated),
+                final_output=final_output,
+                workspace_digest=episode.workspace_digest,
+                episode_dir=store.dir,
+                workspace_path=store.workspace_path,
+                trajectory_path=store.trajectory_path,
+                result_path=store.result_path,
+            )
+            store.write_result(result.model_dump_json(indent=2))
+            await self._drop_sandbox(episode)
+            episode.state = EpisodeState.FINALIZED
+            store.write_record(self._record(episode))
+            return result
+
+    async def destroy(self, *, episode_id: str, cleanup: bool = False) -> None:
+        """Release the episode: remove its container and its checkpoint images.
+
+        Idempotent: destroying a destroyed episode does nothing. Safe in any state, also while a
+        step runs (the step then fails with LifecycleError).
+
+        Args:
+            cleanup: also delete the episode's folder under ``run_root``.
+
+        Raises:
+            EpisodeNotFoundError: this host never had the episode.
+        """
+        episode = self._get(episode_id)
+        if episode.state is not EpisodeState.DESTROYED:
+            episode.state = EpisodeState.DESTROYED
+            await self._drop_sandbox(episode)
+            # Containers a failed start may have left behind carry the episode's labels too.
+            await self._backend.remove_labelled(
+                {L.EPISODE: episode_id, L.HOST: self.host_id}
+            )
+            for checkpoint_id in episode.checkpoints:
+                record = self._checkpoints.pop(checkpoint_id, None)
+                if record is not None:
+                    await self._backend.remove_image(record.image_id)
+            episode.checkpoints.clear()
+            if not cleanup:
+                episode.store.write_record(self._record(episode))
+        if cleanup:
+            episode.store.remove()
+
+    async def close(self) -> None:
+        """Destroy every episode this host still holds (their folders stay) and release Docker.
+
+        Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.gather(
+                *(
+                    self.destroy(episode_id=episode_id)
+                    for episode_id, episode in self._episodes.items()
+                    if episode.state is not EpisodeState.DESTROYED
+                ),
+                return_exceptions=True,
+            )
+            await self._backend.remove_labelled({L.HOST: self.host_id})
+        finally:
+            await self._backend.close()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _get(self, episode_id: str) -> _Episode:
+        try:
+            return self._episodes[episode_id]
+        except (KeyError, TypeError):
+            raise EpisodeNotFoundError(str(episode_id)) from None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LifecycleError("*", "closed", "use", "this host is closed; create a new one")
+
+    def _require_usable(self, episode: _Episode, operation: str) -> None:
+        require(episode.episode_id, episode.state, operation)
+        if episode.broken is not None:
+            raise EpisodeBrokenError(episode.episode_id, episode.broken)
+
+    async def _call_tool(self, episode: _Episode, sandbox: Sandbox, action: ToolAction) -> Any:
+        timeout_s = self.tool_timeout_s
+        asked = action.args.get("timeout_s")
+        if action.name == "shell.exec" and isinstance(asked, (int, float)) and not isinstance(asked, bool):
+            timeout_s = min(max(float(asked), 0.001), self.max_tool_timeout_s)
+        try:
+            return await sandbox.call_tool(
+                tool=action.name,
+                args=dict(action.args),
+                timeout_s=timeout_s,
+                output_cap=self.output_cap_bytes,
+            )
+        except SandboxLostError as err:
+            raise await self._broken(episode, str(err)) from err
+
+    async def _run_hook(
+        self, episode: _Episode, sandbox: Sandbox, action: Any, result: StepResult
+    ) -> Exception | None:
+        if self._on_step is None:
+            return None
+        ctx = StepContext(episode.episode_id, action, result, sandbox)
+        try:
+            result.diagnostics.update(await call_hook(self._on_step, ctx))
+        except SandboxLostError as err:
+            raise await self._broken(episode, str(err)) from err
+        except Exception as err:  # the hook is the caller's code: report it, keep the step
+            return err
+        return None
+
+    async def _broken(self, episode: _Episode, reason: str) -> Exception:
+        if episode.state is EpisodeState.DESTROYED:
+            return LifecycleError(
+                episode.episode_id, "destroyed", "step", "it was destroyed while the step ran"
+            )
+        episode.broken = reason
+        await self._drop_sandbox(episode)
+        episode.store.write_record(self._record(episode))
+        return EpisodeBrokenError(episode.episode_id, reason)
+
+    async def _drop_sandbox(self, episode: _Episode) -> None:
+        sandbox, episode.sandbox = episode.sandbox, None
+        if sandbox is not None:
+            await sandbox.remove()
+
+    async def _sweep_once(self) -> None:
+        if not self._sweep_pending:
+            return
+        async with self._sweep_lock:
+            if self._sweep_pending:
+                await self._backend.sweep()
+                self._sweep_pending = False
+
+    def _labels(self, episode_id: str) -> dict[str, str]:
+        return {
+            L.MANAGED: "true",
+            L.EPISODE: episode_id,
+            L.OWNER: L.current_owner(),
+            L.HOST: self.host_id,
+        }
+
+    def _record(self, episode: _Episode) -> dict[str, Any]:
+        return {
+            "episode_id": episode.episode_id,
+            "state": episode.state.value,
+            "image": self.image,
+            "container_id": episode.sandbox.sandbox_id if episode.sandbox else None,
+            "steps": len(episode.steps),
+            "broken": episode.broken,
+            "owner": L.current_owner(),
+            "host_id": self.host_id,
+            "checkpoints": list(episode.checkpoints),
+        }
+
+
+def create_host_environment(
+    *,
+    run_root: str | Path,
+    seed_root: str | Path | None = None,
+    image: str = DEFAULT_IMAGE,
+    capabilities: Capabilities | dict[str, bool] | None = None,
+    on_step: OnStepHook | None = None,
+    subject: Any = None,
+    container: ContainerSettings | dict[str, Any] | None = None,
+    tool_timeout_s: float = 30.0,
+    max_tool_timeout_s: float = 600.0,
+    output_cap_bytes: int = 1024 * 1024,
+    max_steps: int | None = None,
+    docker_host: str | None = None,
+    backend: SandboxBackend | None = None,
+    sweep_on_start: bool = True,
+) -> HostEnvironment:
+    """Create a host that runs each episode in its own Docker container.
+
+    Args:
+        run_root: folder for per-episode logs and artifacts (created if missing).
+        seed_root: folder copied into ``/workspace`` on every reset; ``None`` for an empty one.
+        image: the seed image (default ``softprobe/base:latest``; build it with
+            ``softprobe-gym images build``). Any image with ``python3`` and ``/bin/sh`` works.
+        capabilities: what the host declares (see :class:`Capabilities`); the Docker default is
+            checkpoint and prefix re-execution, no subject state import.
+        on_step: ``hook(ctx)`` (sync or async) run after every step; its dict is merged into
+            ``result.diagnostics``. ``ctx`` has ``episode_id``, ``action``, ``result`` and the
+            async helpers ``exists(path)`` and ``read_text(path)``.
+        subject: needed with ``subject_state_import``: an object with ``export_state(episode_id)``
+            and ``import_state(episode_id, state)``, sync or async.
+        container: :class:`ContainerSettings` (or a dict of them) to relax the secure defaults.
+        tool_timeout_s: default time limit of a tool call.
+        max_tool_timeout_s: the most a ``shell.exec`` may ask for with its ``timeout_s``.
+        output_cap_bytes: bytes of tool output kept per step (head and tail around a marker).
+        max_steps: steps after which the episode is truncated (``truncated=True``).
+        docker_host: Docker engine address; default ``DOCKER_HOST``, then the current Docker
+            context, then the default socket.
+        backend: a custom :class:`SandboxBackend` (tests, other providers).
+        sweep_on_start: on first use, remove containers and images left by host processes of
+            this machine that are gone.
+
+    Raises:
+        ConfigurationError: an argument is invalid (the message says which and why).
+    """
+    run_path = Path(run_root).expanduser().resolve()
+    try:
+        run_path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigurationError(f"cannot create run_root {run_path}: {err.strerror}") from None
+    seed_path = None
+    if seed_root is not None:
+        seed_path = Path(seed_root).expanduser().resolve()
+        if not seed_path.is_dir():
+            raise ConfigurationError(f"seed_root {seed_path} is not a directory")
+    try:
+        caps = capabilities if isinstance(capabilities, Capabilities) else Capabilities(**(capabilities or {}))
+        settings = (
+            container
+            if isinstance(container, ContainerSettings)
+            else ContainerSettings(**(container or {}))
+        )
+    except (ValidationError, TypeError) as err:
+        raise ConfigurationError(f"invalid host configuration: {err}") from None
+    if caps.subject_state_import:
+        missing = [m for m in ("export_state", "import_state") if not callable(getattr(subject, m, None))]
+        if missing:
+            raise ConfigurationError(
+                "capabilities declare subject_state_import, so subject= must be an object with "
+                f"export_state(episode_id) and import_state(episode_id, state); missing: {', '.join(missing)}"
+            )
+    if not (0 < tool_timeout_s <= max_tool_timeout_s):
+        raise ConfigurationError("need 0 < tool_timeout_s <= max_tool_timeout_s")
+    if output_cap_bytes < 1024:
+        raise ConfigurationError("output_cap_bytes must be at least 1024")
+    if max_steps is not None and max_steps < 1:
+        raise ConfigurationError("max_steps must be at least 1")
+    if on_step is not None and not callable(on_step):
+        raise ConfigurationError("on_step must be callable")
+    if backend is None:
+        from .sandbox.docker_backend import DockerBackend
+
+        backend = DockerBackend(docker_host=docker_host)
+    return HostEnvironment(
+        run_root=run_path,
+        seed_root=seed_path,
+        image=image,
+        capabilities=caps,
+        on_step=on_step,
+        subject=subject,
+        container=settings,
+        tool_timeout_s=tool_timeout_s,
+        max_tool_timeout_s=max_tool_timeout_s,
+        output_cap_bytes=output_cap_bytes,
+        max_steps=max_steps,
+        backend=backend,
+        sweep_on_start=sweep_on_start,
+    )
+
+
+async def _maybe_await(value: Any) -> Any:
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        return await value
+    return value
+
+
+def _ms_since(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)

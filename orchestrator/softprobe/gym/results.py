@@ -1,0 +1,145 @@
+"""Models the host returns: episode handles, reset and step results, finalize records."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .actions import TerminateAction, ToolAction
+
+
+class EpisodeState(str, Enum):
+    """Where an episode is in its lifecycle.
+
+    ``created -> ready -> running -> terminated -> finalized -> destroyed``; ``reset`` may be
+    called again from ``ready``, ``running`` or ``terminated`` and starts over from the seed.
+    """
+
+    CREATED = "created"
+    READY = "ready"
+    RUNNING = "running"
+    TERMINATED = "terminated"
+    FINALIZED = "finalized"
+    DESTROYED = "destroyed"
+
+
+class StepError(BaseModel):
+    """What went wrong with the agent's action: ``type`` is a stable code, ``message`` says more.
+
+    Types include ``unknown_tool``, ``invalid_arguments``, ``path_outside_workspace``,
+    ``not_found``, ``is_a_directory``, ``not_a_directory``, ``not_a_regular_file``,
+    ``permission_denied``, ``timeout``, ``out_of_memory``, ``command_failed``, ``tool_failed``,
+    ``no_space``, ``file_too_large``, ``io_error``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    message: str
+
+
+class RewardComponent(BaseModel):
+    """One numeric reward signal of a step (filled in by a training session)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    name: str
+    value: float
+
+
+class EpisodeHandle(BaseModel):
+    """What ``create_episode`` returns."""
+
+    episode_id: str
+    state: EpisodeState
+    episode_dir: Path = Field(description="run_root/episodes/<episode_id>: logs and artifacts")
+
+
+class ToolInfo(BaseModel):
+    """A tool the episode's shim offers."""
+
+    name: str
+    builtin: bool
+    description: str = ""
+
+
+class ResetResult(BaseModel):
+    """The first observation of a fresh episode.
+
+    ``observation`` holds ``tools`` (the names the agent may call) and ``workspace_files`` (the
+    seed files, relative to ``/workspace``). ``diagnostics`` always has ``workspace_digest`` and
+    ``changed_paths`` (empty), plus ``image_id`` and ``shim_version``.
+    """
+
+    episode_id: str
+    observation: dict[str, Any]
+    diagnostics: dict[str, Any]
+    tools: list[ToolInfo]
+    duration_ms: float
+
+
+class StepResult(BaseModel):
+    """The outcome of one action.
+
+    Attributes:
+        episode_id: the episode.
+        index: the step's position in the episode, 1 for the first step after a reset.
+        action: the action as validated.
+        observation: what the agent sees: the tool's text output or its JSON value; on an error,
+            a line saying what went wrong.
+        terminated: the episode reached a terminal state (a ``terminate`` action).
+        truncated: the episode was cut off by a limit (``max_steps``), not by the agent.
+        diagnostics: always ``workspace_digest`` and ``changed_paths``; tools add their own
+            (``exit_code``, ``output_truncated``...), ``on_step`` adds more.
+        reward_components: empty outside a training session.
+        error: ``None``, or what the agent got wrong (the episode goes on).
+        duration_ms: wall time of the step on the host.
+    """
+
+    episode_id: str
+    index: int
+    action: ToolAction | TerminateAction
+    observation: Any
+    terminated: bool = False
+    truncated: bool = False
+    diagnostics: dict[str, Any] = Field(default_factory=dict)
+    reward_components: list[RewardComponent] = Field(default_factory=list)
+    error: StepError | None = None
+    duration_ms: float = 0.0
+
+
+class FinalizeResult(BaseModel):
+    """What ``finalize`` collected: where the episode's artifacts are on the host."""
+
+    episode_id: str
+    steps: int
+    terminated: bool
+    truncated: bool
+    final_output: str | None
+    workspace_digest: str
+    episode_dir: Path
+    workspace_path: Path = Field(description="the final /workspace, copied out")
+    trajectory_path: Path = Field(description="trajectory.jsonl: one StepResult per line")
+    result_path: Path = Field(description="result.json: this record")
+
+
+class CheckpointRecord(BaseModel):
+    """A frozen copy of an episode's container filesystem, taken between steps.
+
+    It captures the container's filesystem (the workspace and everything else written outside
+    volumes and tmpfs mounts), not process memory: no process of a tool outlives its step, so
+    between steps there is none to lose.
+    """
+
+    checkpoint_id: str
+    episode_id: str
+    step_index: int = Field(description="steps taken when the checkpoint was made")
+    image_id: str
+    workspace_digest: str
+    subject_state: Any = None
+    created_at: datetime

@@ -1,0 +1,444 @@
+"""The Docker provider of the sandbox interface.
+
+Every blocking Docker call runs on a dedicated thread pool (never on the event loop), and every
+control-plane call is retried on transient errors (see ``retry.py``). Tool calls go over the
+container's attached stdin/stdout to the shim and are never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import os
+import tarfile
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import Ulimit
+
+from .. import labels as L
+from ..errors import (
+    DockerUnavailableError,
+    ImageNotFoundError,
+    SandboxError,
+    SandboxLostError,
+    SandboxStartError,
+)
+from ..settings import ContainerSettings
+from .archive import build_seed_archive, safe_extract
+from .attach_channel import AttachChannel
+from .base import Sandbox, SandboxBackend, SandboxSpec, SweepReport
+from .protocol import CallResult, HelloResult
+from .retry import control_plane, is_transient
+from .shim_client import ShimClient
+
+T = TypeVar("T")
+
+SHIM_PATH = "/opt/softprobe/agent_shim.py"
+WORKSPACE = "/workspace"
+HELLO_TIMEOUT_S = 60.0
+_SHIM_SOURCE = (Path(__file__).resolve().parent.parent / "shim" / "agent_shim.py").read_bytes()
+SHIM_SHA256 = hashlib.sha256(_SHIM_SOURCE).hexdigest()
+
+
+def shim_source() -> bytes:
+    """The shim program this version of the library speaks to."""
+    return _SHIM_SOURCE
+
+
+def connect_docker(docker_host: str | None = None, *, pool_size: int = 64) -> docker.DockerClient:
+    """A Docker client for ``docker_host``, else ``DOCKER_HOST``, else the current Docker context
+    (how Docker Desktop points the CLI at its socket), else the default socket.
+
+    Raises:
+        DockerUnavailableError: nothing answers there.
+    """
+    base_url = docker_host or os.environ.get("DOCKER_HOST") or _context_host()
+    try:
+        if base_url:
+            client = docker.DockerClient(base_url=base_url, max_pool_size=pool_size, timeout=120)
+        else:
+            client = docker.from_env(max_pool_size=pool_size, timeout=120)
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
+        where = base_url or "the default socket (/var/run/docker.sock)"
+        raise DockerUnavailableError(
+            f"no Docker engine answers at {where}: {err}. Start Docker (Docker Desktop, or "
+            "`dockerd`), or point DOCKER_HOST / `docker context use` at a running engine."
+        ) from None
+    return client
+
+
+def _context_host() -> str | None:
+    try:
+        context = docker.ContextAPI.get_current_context()
+    except Exception:  # a broken ~/.docker/config.json must not stop us from trying the default
+        return None
+    if context is None or context.name == "default":
+        return None
+    return context.Host or None
+
+
+@dataclass(frozen=True)
+class _ImageInfo:
+    image_id: str
+    user: str | None
+    uid: int
+    gid: int
+    shim_baked: bool
+
+
+class DockerBackend(SandboxBackend):
+    """Runs each sandbox as a Docker container with the shim as its main process.
+
+    Args:
+        docker_host: engine address; default as in :func:`connect_docker`.
+        max_workers: threads for blocking Docker calls (also the HTTP connection pool size), so
+            that many episodes can start, copy and stop at once.
+    """
+
+    def __init__(self, *, docker_host: str | None = None, max_workers: int = 32) -> None:
+        self._docker_host = docker_host
+        self._max_workers = max_workers
+        self._client: docker.DockerClient | None = None
+        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="softprobe-docker")
+        self._image_info: dict[str, _ImageInfo] = {}
+        self._seed_archives: dict[tuple[Any, ...], bytes] = {}
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = connect_docker(self._docker_host, pool_size=self._max_workers * 2)
+        return self._client
+
+    async def _run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(func, *args, **kwargs))
+
+    # -- start ---------------------------------------------------------------------------------
+
+    async def start(self, spec: SandboxSpec) -> Sandbox:
+        info = await self._run(self._image_info_for, spec.image, spec.settings.user)
+        archive = await self._run(self._seed_archive, spec.seed_root, info)
+        container_id = await self._run(self._create, spec, info)
+        try:
+            await self._run(self._put_archive, container_id, archive)
+            attach = await self._run(self._attach, container_id)
+            try:
+                channel = await AttachChannel.open(attach, max_line_bytes=256 * 1024 * 1024)
+                await self._run(self._start, container_id)
+                client = ShimClient(channel)
+                hello = await client.hello(timeout_s=HELLO_TIMEOUT_S)
+            except BaseException:
+                getattr(attach, "close", lambda: None)()
+                raise
+        except SandboxLostError as err:
+            await self._run(self._remove, container_id)
+            raise SandboxStartError(
+                f"the shim in a container of {spec.image!r} did not start: {err}. The image needs "
+                "python3 (>= 3.8) on PATH and a /bin/sh."
+            ) from None
+        except BaseException:
+            await asyncio.shield(self._run(self._remove, container_id))
+            raise
+        return DockerSandbox(self, container_id, info.image_id, client, hello)
+
+    def _image_info_for(self, image: str, user: str | None) -> _ImageInfo:
+        try:
+            attrs = self._inspect_image(image)
+        except docker.errors.ImageNotFound:
+            raise ImageNotFoundError(
+                f"image {image!r} is not on this Docker engine. Build the project's images with "
+                "`softprobe-gym images build` (add --offline without a registry), or pull it."
+            ) from None
+        key = f"{attrs['Id']}|{user}"
+        if key not in self._image_info:
+            config = attrs.get("Config") or {}
+            wanted = user if user is not None else (config.get("User") or None)
+            uid, gid, resolved = self._resolve_user(attrs["Id"], wanted)
+            baked = ((config.get("Labels") or {}).get(L.SHIM_SHA256)) == SHIM_SHA256
+            self._image_info[key] = _ImageInfo(attrs["Id"], resolved, uid, gid, baked)
+        return self._image_info[key]
+
+    @control_plane
+    def _inspect_image(self, image: str) -> dict[str, Any]:
+        return self.client.api.inspect_image(image)
+
+    def _resolve_user(self, image_id: str, user: str | None) -> tuple[int, int, str | None]:
+        """Numeric ids for the user tools run as, looking names up in the image's /etc/passwd.
+
+        With no user configured anywhere, an ``agent`` account in the image is used if present
+        (our images have one); otherwise root.
+        """
+        name, _, group = (user or "").partition(":")
+        if name.isdigit() and (not group or group.isdigit()):
+            return int(name), int(group or name), user
+        passwd = self._read_image_file(image_id, "/etc/passwd")
+        accounts = {}
+        for line in passwd.splitlines():
+            fields = line.split(":")
+            if len(fields) >= 4 and fields[2].isdigit() and fields[3].isdigit():
+                accounts[fields[0]] = (int(fields[2]), int(fields[3]))
+        if not name:
+            if "agent" in accounts:
+                return (*accounts["agent"], "agent")
+            return 0, 0, None
+        if name not in accounts:
+            raise SandboxError(f"user {name!r} does not exist in image {image_id[:19]}")
+        uid, gid = accounts[name]
+        return uid, int(group) if group.isdigit() else gid, user
+
+    def _read_image_file(self, image_id: str, path: str) -> str:
+        container = self.client.api.create_container(
+            image_id, command=["true"], labels={L.MANAGED: "true", L.OWNER: L.current_owner()}
+        )
+        try:
+            stream, _ = self.client.api.get_archive(container["Id"], path)
+            with tempfile.TemporaryFile() as buffer:
+                for chunk in stream:
+                    buffer.write(chunk)
+                buffer.seek(0)
+                with tarfile.open(fileobj=buffer) as archive:
+                    member = archive.next()
+                    extracted = archive.extractfile(member) if member else None
+                    return extracted.read().decode("utf-8", "replace") if extracted else ""
+        except docker.errors.NotFound:
+            return ""
+        finally:
+            self._remove(container["Id"])
+
+    def _seed_archive(self, seed_root: Path | None, info: _ImageInfo) -> bytes:
+        signature = _tree_signature(seed_root) if seed_root else None
+        key = (seed_root, signature, info.uid, info.gid, info.shim_baked)
+        if key not in self._seed_archives:
+            extra = {} if info.shim_baked else {SHIM_PATH: _SHIM_SOURCE}
+            self._seed_archives.clear()  # keep only the newest: seeds can be large
+            self._seed_archives[key] = build_seed_archive(
+                seed_root, uid=info.uid, gid=info.gid, extra=extra
+            )
+        return self._seed_archives[key]
+
+    @control_plane
+    def _create(self, spec: SandboxSpec, info: _ImageInfo) -> str:
+        settings = spec.settings
+        api = self.client.api
+        host_config = api.create_host_config(**_host_config_kwargs(settings))
+        response = api.create_container(
+            info.image_id,
+            entrypoint=["python3", "-u", SHIM_PATH, "--workspace", WORKSPACE],
+            command=[],
+            user=info.user or "",
+            working_dir=WORKSPACE,
+            stdin_open=True,
+            tty=False,
+            environment=dict(settings.environment),
+            labels=dict(spec.labels),
+            network_disabled=settings.network == "none",
+            host_config=host_config,
+        )
+        return response["Id"]
+
+    @control_plane
+    def _put_archive(self, container_id: str, archive: bytes) -> None:
+        self.client.api.put_archive(container_id, "/", archive)
+
+    @control_plane
+    def _attach(self, container_id: str) -> Any:
+        params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        return self.client.api.attach_socket(container_id, params=params)
+
+    @control_plane
+    def _start(self, container_id: str) -> None:
+        self.client.api.start(container_id)
+
+    def _remove(self, container_id: str) -> None:
+        try:
+            self._remove_with_retry(container_id)
+        except docker.errors.NotFound:
+            pass
+
+    @control_plane
+    def _remove_with_retry(self, container_id: str) -> None:
+        try:
+            self.client.api.remove_container(container_id, force=True, v=True)
+        except docker.errors.APIError as err:
+            # "removal already in progress" means someone else is finishing the job.
+            if err.status_code == 409 and "already in progress" in str(err.explanation):
+                return
+            raise
+
+    # -- cleanup -------------------------------------------------------------------------------
+
+    async def remove_labelled(self, labels: dict[str, str]) -> list[str]:
+        ids = await self._run(self._list_containers, labels)
+        await asyncio.gather(*(self._run(self._remove, cid) for cid in ids))
+        return ids
+
+    @control_plane
+    def _list_containers(self, labels: dict[str, str]) -> list[str]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        return [c["Id"] for c in self.client.api.containers(all=True, filters=filters)]
+
+    async def remove_image(self, image_id: str) -> None:
+        await self._run(self._remove_image, image_id)
+
+    def _remove_image(self, image_id: str) -> None:
+        try:
+            control_plane(self.client.api.remove_image)(image_id, force=True)
+        except docker.errors.NotFound:
+            pass
+
+    async def sweep(self, *, everything: bool = False, dry_run: bool = False) -> SweepReport:
+        return await self._run(self._sweep, everything, dry_run)
+
+    def _sweep(self, everything: bool, dry_run: bool) -> SweepReport:
+        report = SweepReport()
+        api = self.client.api
+        containers = control_plane(api.containers)(all=True, filters={"label": L.MANAGED})
+        for container in containers:
+            if self._doomed(container.get("Labels") or {}, everything, report):
+                report.removed_containers.append(container["Id"])
+                if not dry_run:
+                    self._remove(container["Id"])
+        images = control_plane(api.images)(filters={"label": L.CHECKPOINT})
+        for image in images:
+            if self._doomed(image.get("Labels") or {}, everything, report):
+                report.removed_images.append(image["Id"])
+                if not dry_run:
+                    self._remove_image(image["Id"])
+        return report
+
+    @staticmethod
+    def _doomed(labels: dict[str, str], everything: bool, report: SweepReport) -> bool:
+        if everything:
+            return True
+        status = L.owner_status(labels.get(L.OWNER, ""))
+        if status is L.OwnerStatus.ALIVE:
+            report.kept_live_owner += 1
+            return False
+        if status is L.OwnerStatus.OTHER_HOST:
+            report.kept_other_host += 1
+            return False
+        return True
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
+    memory = settings.memory
+    kwargs: dict[str, Any] = {
+        "network_mode": settings.network,
+        "init": settings.init,
+        "pids_limit": settings.pids_limit,
+        "mem_limit": memory,
+        "memswap_limit": memory,  # equal to memory: no swap beyond the limit
+        "nano_cpus": int(settings.cpus * 1e9),
+        "ulimits": [
+            Ulimit(name="nofile", soft=settings.nofile, hard=settings.nofile),
+            Ulimit(name="core", soft=0, hard=0),
+        ],
+        # The protocol runs over attach, which does not depend on logs; the shim's stderr is kept
+        # by the host (a bounded tail). So container logs cannot grow at all.
+        "log_config": {"type": "none", "config": {}},
+        "security_opt": ["no-new-privileges:true"] if settings.no_new_privileges else [],
+    }
+    if settings.drop_capabilities:
+        kwargs["cap_drop"] = ["ALL"]
+    if settings.cap_add:
+        kwargs["cap_add"] = list(settings.cap_add)
+    return kwargs
+
+
+def _tree_signature(root: Path) -> tuple[Any, ...]:
+    """Cheap identity of a seed tree (names, sizes, mtimes) to know when to rebuild its archive."""
+    entries = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames + dirnames):
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            entries.append((dirpath, name, st.st_size, st.st_mtime_ns, st.st_mode))
+    return tuple(entries)
+
+
+class DockerSandbox(Sandbox):
+    """A running episode container and the shim client talking to it."""
+
+    def __init__(
+        self,
+        backend: DockerBackend,
+        container_id: str,
+        image_id: str,
+        client: ShimClient,
+        hello: HelloResult,
+    ) -> None:
+        self._backend = backend
+        self.sandbox_id = container_id
+        self.image_id = image_id
+        self.hello = hello
+        self._shim = client
+        self._removed = False
+
+    @property
+    def lost(self) -> str | None:
+        return "the container was removed" if self._removed else self._shim.lost
+
+    async def call_tool(
+        self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int
+    ) -> CallResult:
+        return await self._shim.call_tool(
+            tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap
+        )
+
+    async def exists(self, path: str) -> bool:
+        return await self._shim.exists(path)
+
+    async def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str:
+        return await self._shim.read_text(path, max_bytes=max_bytes)
+
+    async def copy_out(self, path: str, destination: Path) -> Path:
+        await self._backend._run(self._copy_out, path, destination)
+        return destination / Path(path).name
+
+    def _copy_out(self, path: str, destination: Path) -> None:
+        api = self._backend.client.api
+        stream, _ = control_plane(api.get_archive)(self.sandbox_id, path)
+        with tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024) as buffer:
+            for chunk in stream:
+                buffer.write(chunk)
+            buffer.seek(0)
+            safe_extract(buffer, destination)  # type: ignore[arg-type]
+
+    async def commit(self, *, labels: dict[str, str]) -> str:
+        return await self._backend._run(self._commit, labels)
+
+    def _commit(self, labels: dict[str, str]) -> str:
+        # No pause: commit only happens between steps, when no tool process is alive to write.
+        api = self._backend.client.api
+        response = control_plane(api.commit)(self.sandbox_id, conf={"Labels": labels}, pause=False)
+        return str(response["Id"])
+
+    async def remove(self) -> None:
+        if self._removed:
+            return
+        self._removed = True
+        self._shim.close()
+        await asyncio.shield(self._backend._run(self._backend._remove, self.sandbox_id))
+
+
+__all__ = ["DockerBackend", "DockerSandbox", "connect_docker", "is_transient", "shim_source"]
