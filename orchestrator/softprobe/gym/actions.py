@@ -17,6 +17,8 @@ from .errors import InvalidActionError
 
 #: Largest action accepted, as UTF-8 JSON. Bigger ones are refused before they reach the shim.
 MAX_ACTION_BYTES = 16 * 1024 * 1024
+#: Deepest nesting of lists and objects in tool arguments (well below any JSON decoder's limit).
+MAX_ARGS_DEPTH = 64
 
 
 class ToolAction(BaseModel):
@@ -48,7 +50,7 @@ def parse_action(action: object) -> ToolAction | TerminateAction:
 
     Raises:
         InvalidActionError: ``action`` is not an action: wrong shape or types, an unknown
-            ``type``, text that is not valid Unicode, nesting too deep to encode, or more than
+            ``type``, text that is not valid Unicode, nesting deeper than ``MAX_ARGS_DEPTH``, or more than
             ``MAX_ACTION_BYTES`` of JSON. The message says which.
     """
     if isinstance(action, (ToolAction, TerminateAction)):
@@ -66,16 +68,28 @@ def parse_action(action: object) -> ToolAction | TerminateAction:
                 f"{'.'.join(str(p) for p in e['loc']) or 'action'}: {e['msg']}" for e in err.errors()
             )
             raise InvalidActionError(f"invalid action: {problems}") from None
+    if isinstance(parsed, ToolAction):
+        _check_depth(parsed.args)
     encoded_size(parsed)
     return parsed
+
+
+def _check_depth(args: dict[str, Any]) -> None:
+    stack: list[tuple[Any, int]] = [(args, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_ARGS_DEPTH:
+            raise InvalidActionError(
+                f"invalid action: arguments are nested too deeply (more than {MAX_ARGS_DEPTH} levels)"
+            )
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
 def encoded_size(action: ToolAction | TerminateAction) -> int:
     """Bytes of the action as UTF-8 JSON; raises InvalidActionError if it cannot be sent."""
     try:
         data = json.dumps(action.model_dump(mode="json"), ensure_ascii=False).encode("utf-8")
-    except RecursionError:
-        raise InvalidActionError("invalid action: arguments are nested too deeply") from None
     except UnicodeEncodeError:
         raise InvalidActionError(
             "invalid action: it contains text that is not valid Unicode (a lone surrogate); "

@@ -142,7 +142,9 @@ class HostEnvironment:
             EpisodeExistsError: this host already has an episode with that id.
         """
         self._check_open()
-        episode_id = validate_episode_id(episode_id or f"ep-{uuid.uuid4().hex[:12]}")
+        episode_id = validate_episode_id(
+            f"ep-{uuid.uuid4().hex[:12]}" if episode_id is None else episode_id
+        )
         if episode_id in self._episodes:
             raise EpisodeExistsError(
                 f"episode {episode_id!r} already exists on this host; pick another id or "
@@ -339,7 +341,8 @@ class HostEnvironment:
         Raises:
             LifecycleError: the episode never ran, or is already finalized or destroyed.
             EpisodeBrokenError: the container died, so its workspace cannot be collected.
-            UnsafeArchiveError: the workspace held a member that would escape the folder.
+            UnsafeArchiveError: the workspace archive held a member whose name escapes the
+                folder (links leading out and FIFOs are skipped instead: ``skipped_paths``).
         """
         episode = self._get(episode_id)
         self._require_usable(episode, "finalize")
@@ -348,7 +351,7 @@ class HostEnvironment:
             assert episode.sandbox is not None
             store = episode.store
             store.clear_workspace()
-            await episode.sandbox.copy_out("/workspace", store.dir)
+            skipped = await episode.sandbox.copy_out("/workspace", store.dir)
             last = episode.steps[-1] if episode.steps else None
             final_output = (
                 last.action.output
@@ -366,6 +369,7 @@ class HostEnvironment:
                 workspace_path=store.workspace_path,
                 trajectory_path=store.trajectory_path,
                 result_path=store.result_path,
+                skipped_paths=skipped,
             )
             store.write_result(result.model_dump_json(indent=2))
             await self._drop_sandbox(episode)

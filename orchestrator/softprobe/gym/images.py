@@ -6,7 +6,8 @@ Two ways to get the base's own base:
 - offline: ``softprobe/rootfs:bookworm``, a Debian rootfs made with ``debootstrap`` (from Debian
   packages, no container registry) and ``docker import``-ed.
 
-``auto`` uses the public image when it is present or can be pulled, the offline path otherwise.
+``auto`` uses the public image if present, else an offline rootfs built before, else tries to pull
+the public image and falls back to the offline path.
 Builds are idempotent: each image carries a hash of its build context, build arguments and
 parent image, and is skipped when that hash is unchanged.
 """
@@ -122,6 +123,8 @@ def _base_parent(client: docker.DockerClient, mode: Mode, log: Log) -> str:
         return _ensure_rootfs(client, log)
     if _has_image(client, PUBLIC_PYTHON_IMAGE):
         return PUBLIC_PYTHON_IMAGE
+    if mode == "auto" and _has_image(client, ROOTFS_IMAGE):
+        return ROOTFS_IMAGE  # built offline before: no need to try a registry again
     try:
         log(f"pulling {PUBLIC_PYTHON_IMAGE} ...")
         client.images.pull(PUBLIC_PYTHON_IMAGE)

@@ -113,6 +113,13 @@ class StepResult(BaseModel):
     duration_ms: float = 0.0
 
 
+class SkippedMember(BaseModel):
+    """An archive member that was not recreated on the host, and why."""
+
+    path: str
+    reason: str
+
+
 class FinalizeResult(BaseModel):
     """What ``finalize`` collected: where the episode's artifacts are on the host."""
 
@@ -126,6 +133,10 @@ class FinalizeResult(BaseModel):
     workspace_path: Path = Field(description="the final /workspace, copied out")
     trajectory_path: Path = Field(description="trajectory.jsonl: one StepResult per line")
     result_path: Path = Field(description="result.json: this record")
+    skipped_paths: list[SkippedMember] = Field(
+        default_factory=list,
+        description="workspace entries not recreated on the host (links leading out, FIFOs)",
+    )
 
 
 class CheckpointRecord(BaseModel):

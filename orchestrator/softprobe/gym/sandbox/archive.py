@@ -10,6 +10,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from ..errors import UnsafeArchiveError
+from ..results import SkippedMember
 
 _HAS_FILTERS = hasattr(tarfile, "data_filter")
 
@@ -62,42 +63,51 @@ def _dir_member(name: str, mode: int, uid: int, gid: int) -> tarfile.TarInfo:
     return member
 
 
-def safe_extract(stream: BinaryIO, destination: Path) -> None:
-    """Extract a tar stream into ``destination``, refusing anything that would escape it.
+def safe_extract(stream: BinaryIO, destination: Path) -> list[SkippedMember]:
+    """Extract a tar stream into ``destination``; nothing may land outside it.
 
     Uses the standard library's ``data`` filter (PEP 706) where Python has it and an equivalent
-    check otherwise: no absolute names, no ``..``, no links leading out, no device files.
+    check otherwise. A member whose *name* escapes (absolute, ``..``) refuses the whole archive.
+    Members that are fine inside a workspace but unsafe to recreate on the host (a symlink to
+    ``/etc/passwd``, a FIFO) are skipped and returned, so the rest of the workspace is kept.
 
     Raises:
-        UnsafeArchiveError: a member would land outside ``destination``.
+        UnsafeArchiveError: a member's name would land outside ``destination``.
     """
     destination.mkdir(parents=True, exist_ok=True)
+    skipped: list[SkippedMember] = []
     with tarfile.open(fileobj=stream, mode="r|") as archive:
         for member in archive:
+            if member.name.startswith("/") or ".." in PurePosixPath(member.name).parts:
+                raise UnsafeArchiveError(
+                    f"refused archive member {member.name!r}: its path leaves {destination}; "
+                    "nothing outside it was written"
+                )
+            reason = _skip_reason(member, destination)
+            if reason is not None:
+                skipped.append(SkippedMember(path=member.name, reason=reason))
+                continue
             if _HAS_FILTERS:
                 try:
                     checked = tarfile.data_filter(member, str(destination))
                 except tarfile.FilterError as err:
-                    raise UnsafeArchiveError(
-                        f"refused archive member {member.name!r}: {err}; nothing outside "
-                        f"{destination} was written"
-                    ) from None
+                    raise UnsafeArchiveError(f"refused archive member {member.name!r}: {err}") from None
                 archive.extract(checked, str(destination), filter="fully_trusted")
-            else:  # Python < 3.10.12 / 3.11.4
-                archive.extract(_fallback_filter(member, destination), str(destination))
+            else:  # Python < 3.10.12 / 3.11.4: the same rules, checked above, plus the mode mask
+                member.mode &= 0o755
+                archive.extract(member, str(destination))
+    return skipped
 
 
-def _fallback_filter(member: tarfile.TarInfo, destination: Path) -> tarfile.TarInfo:
-    root = os.path.realpath(destination)
-    target = os.path.realpath(os.path.join(root, member.name))
-    if member.name.startswith("/") or os.path.commonpath([root, target]) != root:
-        raise UnsafeArchiveError(f"refused archive member {member.name!r}: outside {destination}")
-    if member.isdev():
-        raise UnsafeArchiveError(f"refused archive member {member.name!r}: device file")
+def _skip_reason(member: tarfile.TarInfo, destination: Path) -> str | None:
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        return "special file (device or FIFO)"
     if member.issym() or member.islnk():
-        base = os.path.dirname(target) if member.issym() else root
-        link = os.path.realpath(os.path.join(base, member.linkname))
-        if member.linkname.startswith("/") or os.path.commonpath([root, link]) != root:
-            raise UnsafeArchiveError(f"refused archive member {member.name!r}: link leads outside")
-    member.mode &= 0o755
-    return member
+        if member.linkname.startswith("/"):
+            return f"link to the absolute path {member.linkname!r}"
+        root = os.path.realpath(destination)
+        base = os.path.dirname(os.path.join(root, member.name)) if member.issym() else root
+        target = os.path.realpath(os.path.join(base, member.linkname))
+        if os.path.commonpath([root, target]) != root:
+            return f"link leading outside the folder ({member.linkname!r})"
+    return None

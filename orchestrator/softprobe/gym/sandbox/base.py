@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ..results import SkippedMember
 from ..settings import ContainerSettings
 from .protocol import CallResult, HelloResult
 
@@ -67,14 +68,14 @@ class Sandbox(ABC):
         """
 
     @abstractmethod
-    async def copy_out(self, path: str, destination: Path) -> Path:
+    async def copy_out(self, path: str, destination: Path) -> list[SkippedMember]:
         """Copy ``path`` (a directory in the container) to ``destination/<basename>`` on the host.
 
-        Extraction refuses members that would land outside ``destination`` (absolute names,
-        ``..``, links pointing out, device files).
+        Nothing is written outside ``destination``. Links leading outside it and special files
+        (FIFOs, devices) are not recreated; they are returned as skipped members.
 
         Raises:
-            UnsafeArchiveError: such a member was found; nothing of it was written.
+            UnsafeArchiveError: a member's name would land outside ``destination``.
             SandboxError: the copy failed.
         """
 

@@ -31,6 +31,7 @@ from ..errors import (
     SandboxLostError,
     SandboxStartError,
 )
+from ..results import SkippedMember
 from ..settings import ContainerSettings
 from .archive import build_seed_archive, safe_extract
 from .attach_channel import AttachChannel
@@ -411,18 +412,17 @@ class DockerSandbox(Sandbox):
     async def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str:
         return await self._shim.read_text(path, max_bytes=max_bytes)
 
-    async def copy_out(self, path: str, destination: Path) -> Path:
-        await self._backend._run(self._copy_out, path, destination)
-        return destination / Path(path).name
+    async def copy_out(self, path: str, destination: Path) -> list[SkippedMember]:
+        return await self._backend._run(self._copy_out, path, destination)
 
-    def _copy_out(self, path: str, destination: Path) -> None:
+    def _copy_out(self, path: str, destination: Path) -> list[SkippedMember]:
         api = self._backend.client.api
         stream, _ = control_plane(api.get_archive)(self.sandbox_id, path)
         with tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024) as buffer:
             for chunk in stream:
                 buffer.write(chunk)
             buffer.seek(0)
-            safe_extract(buffer, destination)  # type: ignore[arg-type]
+            return safe_extract(buffer, destination)  # type: ignore[arg-type]
 
     async def commit(self, *, labels: dict[str, str]) -> str:
         return await self._backend._run(self._commit, labels)

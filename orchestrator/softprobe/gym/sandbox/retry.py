@@ -13,7 +13,7 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_random_exponential,
 )
 
 log = logging.getLogger("softprobe.gym.docker")
@@ -38,10 +38,10 @@ def is_transient(err: BaseException) -> bool:
 
 
 def control_plane(func: Callable[..., T]) -> Callable[..., T]:
-    """Retry ``func`` on transient errors: exponential backoff with jitter, at most 6 tries or 30 s."""
+    """Retry ``func`` on transient errors: exponential backoff (full jitter), at most 6 tries or 30 s."""
     return retry(
         retry=retry_if_exception(is_transient),
-        wait=wait_exponential_jitter(initial=0.1, max=3.0),
+        wait=wait_random_exponential(multiplier=0.1, max=3.0),
         stop=stop_after_attempt(6) | stop_after_delay(30),
         before_sleep=before_sleep_log(log, logging.WARNING),
         reraise=True,

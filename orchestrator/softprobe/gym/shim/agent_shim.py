@@ -118,15 +118,18 @@ class WorkspaceIndex:
         entries = dict(self.entries)
         signatures = dict(self.signatures)
         for rel in sorted(touched):
-            # A deleted directory takes its subtree with it.
-            prefix = rel + b"/"
-            for gone in [p for p in entries if p.startswith(prefix)]:
-                entries.pop(gone, None)
-                signatures.pop(gone, None)
             path = os.path.join(self.root, rel)
             try:
                 st = os.lstat(path)
             except OSError:
+                st = None
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                # Whatever was a directory here is gone, and its subtree with it.
+                prefix = rel + b"/"
+                for gone in [p for p in entries if p.startswith(prefix)]:
+                    entries.pop(gone, None)
+                    signatures.pop(gone, None)
+            if st is None:
                 entries.pop(rel, None)
                 signatures.pop(rel, None)
                 continue

@@ -1,0 +1,152 @@
+"""The ``softprobe-gym`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__
+from .errors import GymError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``softprobe-gym`` console script; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except GymError as err:
+        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("softprobe-gym: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="softprobe-gym",
+        description="Run AI-agent episodes in isolated Docker containers.",
+    )
+    parser.add_argument("--version", action="version", version=f"softprobe-gym {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the support-desk story in a fresh episode and print its trajectory",
+        description=(
+            "Run the docs' support-desk story: create an episode, reset it, look up CRM account "
+            "A-42, write refund-note.md, terminate, finalize; print the trajectory and where the "
+            "artifacts are. Builds the project's images first if they are missing."
+        ),
+    )
+    demo.add_argument("--image", default="softprobe/support-desk:latest", help="seed image (default: %(default)s)")
+    demo.add_argument(
+        "--run-root",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "softprobe-gym" / "demo",
+        help="where episode folders are written (default: %(default)s)",
+    )
+    _add_mode(demo)
+    demo.set_defaults(run=_run_demo)
+
+    gc = commands.add_parser(
+        "gc",
+        help="remove containers and images left by host processes that are gone",
+        description=(
+            "Remove every container and checkpoint image labelled by softprobe-gym whose owning "
+            "host process on this machine is gone. Resources of live processes and of other "
+            "machines are kept unless --all is given. Nothing without softprobe-gym's labels is "
+            "ever touched."
+        ),
+    )
+    gc.add_argument("--all", action="store_true", help="remove everything softprobe-gym created, live owners too")
+    gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    gc.add_argument("--json", action="store_true", help="print the report as JSON")
+    gc.set_defaults(run=_run_gc)
+
+    images = commands.add_parser("images", help="build the project's images")
+    image_commands = images.add_subparsers(title="image commands", metavar="COMMAND")
+    build = image_commands.add_parser(
+        "build",
+        help="build softprobe/base and softprobe/support-desk (skips what is up to date)",
+        description=(
+            "Build softprobe/base:latest and softprobe/support-desk:latest. Idempotent: an image "
+            "whose build context, arguments and parent are unchanged is skipped."
+        ),
+    )
+    _add_mode(build)
+    build.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    build.set_defaults(run=_run_images_build)
+    images.set_defaults(run=lambda _: images.print_help() or 2)
+    return parser
+
+
+def _add_mode(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--offline",
+        dest="mode",
+        action="store_const",
+        const="offline",
+        help="build the base from a Debian rootfs (debootstrap, needs root) instead of a registry image",
+    )
+    group.add_argument(
+        "--online",
+        dest="mode",
+        action="store_const",
+        const="online",
+        help="build the base from python:3.12-slim, pulling it if needed",
+    )
+    parser.set_defaults(mode="auto")
+
+
+def _run_images_build(args: argparse.Namespace) -> int:
+    from .images import build_images
+
+    build_images(mode=args.mode, force=args.force)
+    return 0
+
+
+def _run_gc(args: argparse.Namespace) -> int:
+    from .sandbox.docker_backend import DockerBackend
+
+    async def sweep() -> object:
+        backend = DockerBackend()
+        try:
+            return await backend.sweep(everything=args.all, dry_run=args.dry_run)
+        finally:
+            await backend.close()
+
+    report = asyncio.run(sweep())
+    if args.json:
+        print(report.model_dump_json(indent=2))  # type: ignore[attr-defined]
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    print(
+        f"{verb} {len(report.removed_containers)} containers and "  # type: ignore[attr-defined]
+        f"{len(report.removed_images)} images; kept {report.kept_live_owner} of live "  # type: ignore[attr-defined]
+        f"processes and {report.kept_other_host} of other machines"  # type: ignore[attr-defined]
+    )
+    return 0
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    from .images import ensure_image
+
+    ensure_image(args.image, mode=args.mode)
+    asyncio.run(run_demo(image=args.image, run_root=args.run_root))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Shared fixtures. Tests marked ``docker`` run against the real engine and the project's images.
+
+Without an engine they are skipped with the reason printed, except under CI (``CI`` set), where a
+missing engine fails the run: CI must never pass by skipping the Docker tests.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+import pytest
+
+# testcontainers' reaper image cannot be pulled without a registry; we label and sweep ourselves.
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+
+from softprobe.gym import create_host_environment, labels as L  # noqa: E402
+from softprobe.gym.errors import DockerUnavailableError  # noqa: E402
+
+from helpers import SUPPORT_DESK  # noqa: E402
+
+
+def _docker_problem() -> str | None:
+    try:
+        from softprobe.gym.sandbox.docker_backend import connect_docker
+
+        client = connect_docker()
+    except DockerUnavailableError as err:
+        return str(err)
+    try:
+        from softprobe.gym.images import build_images
+
+        build_images(mode="auto", log=lambda line: None, client=client)
+    except Exception as err:  # a failed image build is a reason, reported as such
+        return f"the project's images could not be built: {err}"
+    finally:
+        client.close()
+    return None
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[None]:
+    """A working engine with the project's images, or a skip (a failure under CI)."""
+    problem = _docker_problem()
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Docker tests, but: {problem}", pytrace=False)
+        pytest.skip(f"Docker tests skipped: {problem}")
+    yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("docker"):
+            item.fixturenames.insert(0, "docker_engine")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaks_after_suite() -> Iterator[None]:
+    """After the whole suite, nothing this test process created may be left on the engine."""
+    yield
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+    except Exception:
+        return  # no engine: the Docker tests were skipped (or failed) with a reason already
+    owner = f"{L.OWNER}={L.current_owner()}"
+    containers = client.containers.list(all=True, filters={"label": owner})
+    images = client.images.list(filters={"label": owner})
+    client.close()
+    assert not containers, f"leaked containers: {[c.name for c in containers]}"
+    assert not images, f"leaked images: {[i.id for i in images]}"
+
+
+@pytest.fixture
+def seed_root(tmp_path: Path) -> Path:
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "hello.txt").write_text("hello from the seed\n")
+    (seed / "docs").mkdir()
+    (seed / "docs" / "guide.md").write_text("# Guide\n")
+    os.chmod(seed / "hello.txt", 0o640)
+    return seed
+
+
+@pytest.fixture
+async def host(tmp_path: Path, seed_root: Path, docker_engine: None) -> AsyncIterator[object]:
+    """A host on the support-desk image; after the test, none of its containers may remain."""
+    env = create_host_environment(
+        run_root=tmp_path / "run", seed_root=seed_root, image=SUPPORT_DESK, tool_timeout_s=20
+    )
+    try:
+        yield env
+    finally:
+        await env.close()
+        import docker
+
+        client = docker.from_env()
+        left = client.containers.list(all=True, filters={"label": f"{L.HOST}={env.host_id}"})
+        client.close()
+        assert not left, f"host left containers behind: {[c.name for c in left]}"

@@ -1,0 +1,144 @@
+"""on_step hooks, finalize artifacts, checkpoints, and a container that dies under the host."""
+
+from __future__ import annotations
+
+import json
+
+import docker
+import pytest
+
+from helpers import SUPPORT_DESK, ready, tool
+from softprobe.gym import (
+    CapabilityError,
+    EpisodeBrokenError,
+    OnStepHookError,
+    StepResult,
+    create_host_environment,
+)
+from softprobe.gym import labels as L
+
+pytestmark = pytest.mark.docker
+
+
+async def test_on_step_sees_the_workspace_and_adds_diagnostics(tmp_path, seed_root, docker_engine):
+    seen = []
+
+    async def has_note(ctx):
+        seen.append((ctx.episode_id, ctx.action.type, ctx.result.index))
+        note = await ctx.read_text("note.md") if await ctx.exists("note.md") else None
+        return {"workspace_had_note": await ctx.exists("note.md"), "note": note}
+
+    async with create_host_environment(
+        run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK, on_step=has_note
+    ) as host:
+        episode_id = await ready(host)
+        before = await host.step(episode_id=episode_id, action=tool("fs.list"))
+        after = await host.step(episode_id=episode_id, action=tool("fs.write", path="note.md", content="hi"))
+        assert before.diagnostics["workspace_had_note"] is False
+        assert after.diagnostics["workspace_had_note"] is True and after.diagnostics["note"] == "hi"
+        assert "workspace_digest" in after.diagnostics
+        assert seen == [(episode_id, "tool", 1), (episode_id, "tool", 2)]
+
+
+async def test_a_sync_hook_works_and_a_raising_hook_keeps_the_step(tmp_path, docker_engine):
+    calls = []
+
+    def hook(ctx):
+        calls.append(ctx.result.index)
+        if ctx.result.index == 2:
+            raise RuntimeError("hook bug")
+        return {"sync": True}
+
+    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, on_step=hook) as host:
+        episode_id = await ready(host)
+        first = await host.step(episode_id=episode_id, action=tool("fs.list"))
+        assert first.diagnostics["sync"] is True
+        with pytest.raises(OnStepHookError, match="hook bug") as caught:
+            await host.step(episode_id=episode_id, action=tool("fs.write", path="a", content="1"))
+        assert isinstance(caught.value.step_result, StepResult)
+        assert len(host.trajectory(episode_id=episode_id)) == 2
+        third = await host.step(episode_id=episode_id, action=tool("fs.read", path="a"))
+        assert third.observation == "1" and calls == [1, 2, 3]
+
+
+async def test_finalize_writes_trajectory_result_and_the_final_workspace(host):
+    episode_id = await ready(host)
+    await host.step(episode_id=episode_id, action=tool("crm.get_account", id="A-42"))
+    await host.step(episode_id=episode_id, action=tool("fs.write", path="refund-note.md", content="refund A-42"))
+    await host.step(episode_id=episode_id, action=tool("shell.exec", command="ln -s /etc/passwd passwd-link"))
+    await host.step(episode_id=episode_id, action={"type": "terminate", "output": "done"})
+    done = await host.finalize(episode_id=episode_id)
+
+    lines = [json.loads(line) for line in done.trajectory_path.read_text().splitlines()]
+    assert [line["index"] for line in lines] == [1, 2, 3, 4]
+    assert lines[0]["observation"]["id"] == "A-42"
+    assert json.loads(done.result_path.read_text())["final_output"] == "done"
+    assert done.steps == 4 and done.terminated and done.final_output == "done"
+    workspace = done.workspace_path
+    assert (workspace / "refund-note.md").read_text() == "refund A-42"
+    assert (workspace / "hello.txt").read_text() == "hello from the seed\n"
+    # A link the agent aimed outside is reported, not recreated on the host; the rest is kept.
+    assert not (workspace / "passwd-link").exists()
+    assert [s.path for s in done.skipped_paths] == ["workspace/passwd-link"]
+    assert "/etc/passwd" in done.skipped_paths[0].reason
+    record = json.loads((done.episode_dir / "episode.json").read_text())
+    assert record["state"] == "finalized" and record["container_id"] is None
+
+
+async def test_checkpoint_commits_a_labelled_image_and_records_it(host):
+    episode_id = await ready(host)
+    step = await host.step(episode_id=episode_id, action=tool("fs.write", path="a.txt", content="a"))
+    checkpoint = await host.checkpoint(episode_id=episode_id)
+    assert checkpoint.step_index == 1
+    assert checkpoint.workspace_digest == step.diagnostics["workspace_digest"]
+    client = docker.from_env()
+    image = client.images.get(checkpoint.image_id)
+    assert image.labels[L.CHECKPOINT] == checkpoint.checkpoint_id
+    assert image.labels[L.OWNER] == L.current_owner()
+    saved = host.run_root / "episodes" / episode_id / "checkpoints" / f"{checkpoint.checkpoint_id}.json"
+    assert json.loads(saved.read_text())["image_id"] == checkpoint.image_id
+    await host.destroy(episode_id=episode_id)
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get(checkpoint.image_id)
+    client.close()
+
+
+async def test_checkpoint_without_the_capability_commits_nothing(tmp_path, docker_engine):
+    caps = {"environment_checkpoint": False}
+    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, capabilities=caps) as host:
+        episode_id = await ready(host)
+        client = docker.from_env()
+        before = len(client.images.list(filters={"label": L.CHECKPOINT}))
+        with pytest.raises(CapabilityError, match="environment_checkpoint"):
+            await host.checkpoint(episode_id=episode_id)
+        assert len(client.images.list(filters={"label": L.CHECKPOINT})) == before
+        client.close()
+
+
+async def test_a_container_killed_from_outside_breaks_the_episode_until_reset(host):
+    episode_id = await ready(host)
+    client = docker.from_env()
+    (container,) = client.containers.list(filters={"label": f"{L.EPISODE}={episode_id}"})
+    container.kill()
+    client.close()
+    with pytest.raises(EpisodeBrokenError, match="reset"):
+        await host.step(episode_id=episode_id, action=tool("fs.list"))
+    with pytest.raises(EpisodeBrokenError):
+        await host.step(episode_id=episode_id, action=tool("fs.list"))
+    await host.reset(episode_id=episode_id)
+    result = await host.step(episode_id=episode_id, action=tool("fs.read", path="hello.txt"))
+    assert result.error is None
+
+
+async def test_other_episodes_keep_working_when_one_breaks(host):
+    doomed = await ready(host, "doomed")
+    healthy = await ready(host, "healthy")
+    client = docker.from_env()
+    (container,) = client.containers.list(filters={"label": f"{L.EPISODE}={doomed}"})
+    container.kill()
+    client.close()
+    with pytest.raises(EpisodeBrokenError):
+        await host.step(episode_id=doomed, action=tool("fs.list"))
+    ok = await host.step(episode_id=healthy, action=tool("fs.read", path="hello.txt"))
+    assert ok.error is None
+    await host.destroy(episode_id=doomed)

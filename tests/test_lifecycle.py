@@ -1,0 +1,152 @@
+"""The episode state machine, on the real engine."""
+
+from __future__ import annotations
+
+import docker
+import pytest
+
+from helpers import SUPPORT_DESK, ready, tool
+from softprobe.gym import (
+    ConfigurationError,
+    EpisodeExistsError,
+    EpisodeNotFoundError,
+    EpisodeState,
+    ImageNotFoundError,
+    LifecycleError,
+    create_host_environment,
+)
+from softprobe.gym import labels as L
+
+pytestmark = pytest.mark.docker
+
+
+def containers_of(host) -> list:
+    client = docker.from_env()
+    try:
+        return client.containers.list(all=True, filters={"label": f"{L.HOST}={host.host_id}"})
+    finally:
+        client.close()
+
+
+async def test_calls_out_of_order_raise_and_change_nothing(host):
+    await host.create_episode(episode_id="ep")
+    with pytest.raises(LifecycleError, match="call reset"):
+        await host.step(episode_id="ep", action=tool("fs.list"))
+    with pytest.raises(LifecycleError, match="nothing has run yet"):
+        await host.finalize(episode_id="ep")
+    assert host.state(episode_id="ep") is EpisodeState.CREATED
+
+    await host.reset(episode_id="ep")
+    assert host.state(episode_id="ep") is EpisodeState.READY
+    await host.step(episode_id="ep", action=tool("fs.list"))
+    assert host.state(episode_id="ep") is EpisodeState.RUNNING
+    done = await host.step(episode_id="ep", action={"type": "terminate", "output": "bye"})
+    assert done.terminated and not done.truncated
+    assert host.state(episode_id="ep") is EpisodeState.TERMINATED
+    with pytest.raises(LifecycleError, match="the episode ended"):
+        await host.step(episode_id="ep", action=tool("fs.list"))
+
+    await host.finalize(episode_id="ep")
+    assert host.state(episode_id="ep") is EpisodeState.FINALIZED
+    for call in (host.reset(episode_id="ep"), host.finalize(episode_id="ep")):
+        with pytest.raises(LifecycleError) as caught:
+            await call
+        assert caught.value.state == "finalized"
+    await host.destroy(episode_id="ep")
+    with pytest.raises(LifecycleError, match="destroyed"):
+        await host.reset(episode_id="ep")
+
+
+async def test_unknown_and_duplicate_and_invalid_ids_are_refused(host):
+    with pytest.raises(EpisodeNotFoundError):
+        await host.reset(episode_id="nope")
+    await host.create_episode(episode_id="ep")
+    with pytest.raises(EpisodeExistsError):
+        await host.create_episode(episode_id="ep")
+    for bad in ["", "../x", "a b", "x" * 200, "-lead"]:
+        with pytest.raises(ConfigurationError):
+            await host.create_episode(episode_id=bad)
+
+
+async def test_episode_ids_are_generated_when_omitted(host):
+    first = await host.create_episode()
+    second = await host.create_episode()
+    assert first.episode_id != second.episode_id
+    assert first.episode_dir.is_dir()
+
+
+async def test_reset_of_a_running_episode_starts_a_fresh_container_from_the_seed(host):
+    episode_id = await ready(host)
+    first_container = containers_of(host)[0].id
+    await host.step(episode_id=episode_id, action=tool("fs.write", path="scratch.txt", content="x"))
+    again = await host.reset(episode_id=episode_id)
+    assert "scratch.txt" not in again.observation["workspace_files"]
+    ids = [c.id for c in containers_of(host)]
+    assert ids and first_container not in ids and len(ids) == 1
+    assert host.trajectory(episode_id=episode_id) == []
+    step = await host.step(episode_id=episode_id, action=tool("fs.list"))
+    assert step.index == 1
+
+
+async def test_destroy_is_idempotent_and_removes_the_container(host):
+    episode_id = await ready(host)
+    assert len(containers_of(host)) == 1
+    await host.destroy(episode_id=episode_id)
+    await host.destroy(episode_id=episode_id)
+    assert containers_of(host) == []
+    assert host.state(episode_id=episode_id) is EpisodeState.DESTROYED
+    with pytest.raises(EpisodeNotFoundError):
+        await host.destroy(episode_id="never-created")
+
+
+async def test_destroy_with_cleanup_deletes_the_episode_folder(host):
+    episode_id = await ready(host)
+    handle_dir = host.run_root / "episodes" / episode_id
+    await host.destroy(episode_id=episode_id, cleanup=True)
+    assert not handle_dir.exists()
+
+
+async def test_close_destroys_every_episode_and_is_idempotent(tmp_path, docker_engine):
+    host = create_host_environment(run_root=tmp_path, image=SUPPORT_DESK)
+    for i in range(3):
+        await ready(host, f"ep-{i}")
+    assert len(containers_of(host)) == 3
+    await host.close()
+    await host.close()
+    assert containers_of(host) == []
+    with pytest.raises(LifecycleError, match="closed"):
+        await host.create_episode()
+
+
+async def test_async_with_closes_the_host(tmp_path, docker_engine):
+    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK) as host:
+        await ready(host)
+    assert containers_of(host) == []
+
+
+async def test_max_steps_truncates_the_episode(tmp_path, docker_engine):
+    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, max_steps=2) as host:
+        episode_id = await ready(host)
+        first = await host.step(episode_id=episode_id, action=tool("fs.list"))
+        second = await host.step(episode_id=episode_id, action=tool("fs.list"))
+        assert not first.truncated and second.truncated and not second.terminated
+        assert host.state(episode_id=episode_id) is EpisodeState.TERMINATED
+
+
+async def test_a_missing_image_is_a_typed_error_that_says_how_to_build_it(tmp_path, docker_engine):
+    async with create_host_environment(run_root=tmp_path, image="softprobe/absent:never") as host:
+        await host.create_episode(episode_id="ep")
+        with pytest.raises(ImageNotFoundError, match="softprobe-gym images build"):
+            await host.reset(episode_id="ep")
+        assert host.state(episode_id="ep") is EpisodeState.CREATED
+
+
+def test_bad_host_configuration_is_refused_up_front(tmp_path):
+    with pytest.raises(ConfigurationError, match="not a directory"):
+        create_host_environment(run_root=tmp_path, seed_root=tmp_path / "missing")
+    with pytest.raises(ConfigurationError, match="subject"):
+        create_host_environment(run_root=tmp_path, capabilities={"subject_state_import": True})
+    with pytest.raises(ConfigurationError, match="capabilit|Extra inputs"):
+        create_host_environment(run_root=tmp_path, capabilities={"teleport": True})
+    with pytest.raises(ConfigurationError, match="memory"):
+        create_host_environment(run_root=tmp_path, container={"memory": 10})

@@ -1,0 +1,172 @@
+"""Every tool, through the live shim in a real container."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import ready, tool
+from softprobe.gym import EpisodeState, InvalidActionError
+
+pytestmark = pytest.mark.docker
+
+
+async def test_seed_files_are_copied_into_the_workspace_with_their_modes(host):
+    episode_id = await host.create_episode(episode_id="ep")
+    reset = await host.reset(episode_id="ep")
+    assert sorted(reset.observation["workspace_files"]) == ["docs/guide.md", "hello.txt"]
+    assert reset.diagnostics["workspace_digest"].startswith("sha256:")
+    listing = await host.step(episode_id="ep", action=tool("shell.exec", command="stat -c '%a %u %n' hello.txt docs"))
+    assert listing.observation.splitlines() == ["640 1000 hello.txt", "755 1000 docs"]
+    assert episode_id.episode_id == "ep"
+
+
+async def test_fs_read_write_list_delete_round_trip(host):
+    episode_id = await ready(host)
+    read = await host.step(episode_id=episode_id, action=tool("fs.read", path="hello.txt"))
+    assert read.observation == "hello from the seed\n" and read.error is None
+
+    written = await host.step(episode_id=episode_id, action=tool("fs.write", path="notes/a.md", content="é€"))
+    assert written.diagnostics["changed_paths"] == ["notes", "notes/a.md"]
+    assert written.diagnostics["bytes"] == len("é€".encode())
+    again = await host.step(episode_id=episode_id, action=tool("fs.read", path="notes/a.md"))
+    assert again.observation == "é€"
+
+    empty = await host.step(episode_id=episode_id, action=tool("fs.write", path="empty.txt"))
+    assert empty.error is None and empty.diagnostics["bytes"] == 0
+
+    listing = await host.step(episode_id=episode_id, action=tool("fs.list"))
+    names = {entry["name"]: entry["type"] for entry in listing.observation}
+    assert names == {"docs": "dir", "empty.txt": "file", "hello.txt": "file", "notes": "dir"}
+
+    deleted = await host.step(episode_id=episode_id, action=tool("fs.delete", path="notes"))
+    assert deleted.error is None
+    assert deleted.diagnostics["changed_paths"] == ["notes", "notes/a.md"]
+    gone = await host.step(episode_id=episode_id, action=tool("fs.read", path="notes/a.md"))
+    assert gone.error.type == "not_found"
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        tool("fs.read", path="../../etc/passwd"),
+        tool("fs.read", path="/etc/passwd"),
+        tool("fs.write", path="../outside.txt", content="x"),
+        tool("fs.list", path=".."),
+        tool("fs.delete", path="../workspace"),
+        tool("fs.read", path="to-root/etc/passwd"),
+        tool("fs.write", path="to-root/tmp/planted", content="x"),
+    ],
+    ids=["dotdot", "absolute", "write-out", "list-parent", "delete-self", "symlink-read", "symlink-write"],
+)
+async def test_file_tools_refuse_to_leave_the_workspace(host, action):
+    episode_id = await ready(host)
+    await host.step(episode_id=episode_id, action=tool("shell.exec", command="ln -s / to-root"))
+    result = await host.step(episode_id=episode_id, action=action)
+    assert result.error is not None and result.error.type == "path_outside_workspace"
+    assert result.observation.startswith("error (path_outside_workspace)")
+    check = await host.step(episode_id=episode_id, action=tool("shell.exec", command="ls /tmp; ls /"))
+    assert "planted" not in check.observation and "outside.txt" not in check.observation
+
+
+async def test_shell_exec_reports_exit_codes_and_output(host):
+    episode_id = await ready(host)
+    ok = await host.step(episode_id=episode_id, action=tool("shell.exec", command="echo out; echo err >&2"))
+    assert ok.observation == "out\nerr\n" and ok.diagnostics["exit_code"] == 0 and ok.error is None
+    failed = await host.step(episode_id=episode_id, action=tool("shell.exec", command="echo nope; exit 3"))
+    assert failed.error.type == "command_failed" and failed.diagnostics["exit_code"] == 3
+    assert "nope" in failed.error.message and "exit code 3" in failed.observation
+
+
+async def test_a_timeout_kills_the_command_and_everything_it_started(host):
+    episode_id = await ready(host)
+    command = "sleep 300 & (setsid sleep 301 &) ; echo started; sleep 302"
+    result = await host.step(episode_id=episode_id, action=tool("shell.exec", command=command, timeout_s=1))
+    assert result.error.type == "timeout"
+    assert "killed" in result.error.message
+    assert result.diagnostics["command_ms"] < 10_000
+    survivors = await host.step(episode_id=episode_id, action=tool("shell.exec", command="ps -eo args"))
+    assert "sleep 30" not in survivors.observation, survivors.observation
+
+
+async def test_background_processes_do_not_outlive_their_step(host):
+    episode_id = await ready(host)
+    quick = await host.step(episode_id=episode_id, action=tool("shell.exec", command="sleep 120 & echo bg"))
+    assert quick.observation == "bg\n" and quick.diagnostics["command_ms"] < 5_000
+    after = await host.step(episode_id=episode_id, action=tool("shell.exec", command="ps -eo args"))
+    assert "sleep 120" not in after.observation
+
+
+async def test_output_is_capped_with_a_visible_marker(tmp_path, seed_root, docker_engine):
+    from helpers import SUPPORT_DESK
+    from softprobe.gym import create_host_environment
+
+    async with create_host_environment(
+        run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK, output_cap_bytes=4096
+    ) as host:
+        episode_id = await ready(host)
+        flood = await host.step(
+            episode_id=episode_id,
+            action=tool("shell.exec", command="echo FIRST; head -c 5000000 /dev/zero | tr '\\0' x; echo; echo LAST"),
+        )
+        assert flood.diagnostics["output_truncated"] is True
+        assert flood.diagnostics["output_bytes"] > 5_000_000
+        assert flood.observation.startswith("FIRST")
+        assert flood.observation.rstrip().endswith("LAST")
+        assert "bytes of output truncated" in flood.observation
+        assert len(flood.observation) < 4096 + 200
+        big = await host.step(episode_id=episode_id, action=tool("shell.exec", command="head -c 100000 /dev/zero > big"))
+        read = await host.step(episode_id=episode_id, action=tool("fs.read", path="big"))
+        assert read.diagnostics["output_truncated"] and read.diagnostics["bytes"] == 100000
+        assert big.error is None
+
+
+async def test_an_image_declared_tool_runs_with_json_in_and_out(host):
+    episode_id = await ready(host)
+    account = await host.step(episode_id=episode_id, action=tool("crm.get_account", id="A-42"))
+    assert account.error is None
+    assert account.observation["id"] == "A-42" and account.observation["name"] == "Acme Rockets"
+    missing = await host.step(episode_id=episode_id, action=tool("crm.get_account", id="A-0"))
+    assert missing.error.type == "tool_failed" and "no account A-0" in missing.error.message
+    wrong = await host.step(episode_id=episode_id, action=tool("crm.get_account", id=42))
+    assert wrong.error.type == "invalid_arguments"
+
+
+async def test_agent_mistakes_are_step_errors_and_the_episode_goes_on(host):
+    episode_id = await ready(host)
+    for action, kind in [
+        (tool("fs.teleport"), "unknown_tool"),
+        (tool("fs.read"), "invalid_arguments"),
+        (tool("fs.read", path="docs"), "is_a_directory"),
+        (tool("fs.list", path="hello.txt"), "not_a_directory"),
+        (tool("shell.exec", command="true", timeout_s=-1), "invalid_arguments"),
+    ]:
+        result = await host.step(episode_id=episode_id, action=action)
+        assert result.error is not None and result.error.type == kind, (action, result.error)
+    assert host.state(episode_id=episode_id) is EpisodeState.RUNNING
+    assert len(host.trajectory(episode_id=episode_id)) == 5
+
+
+async def test_a_malformed_action_raises_and_leaves_the_episode_usable(host):
+    episode_id = await ready(host)
+    for bad in [{"type": "tool"}, "rm -rf /", {"type": "tool", "name": "fs.read", "args": "x"}]:
+        with pytest.raises(InvalidActionError):
+            await host.step(episode_id=episode_id, action=bad)
+    assert host.trajectory(episode_id=episode_id) == []
+    assert host.state(episode_id=episode_id) is EpisodeState.READY
+    result = await host.step(episode_id=episode_id, action=tool("fs.read", path="hello.txt"))
+    assert result.index == 1 and result.error is None
+
+
+async def test_workspace_digest_is_equal_for_equal_worlds_and_different_otherwise(host):
+    first = await ready(host, "first")
+    second = await ready(host, "second")
+    a = await host.step(episode_id=first, action=tool("fs.write", path="x.txt", content="same"))
+    b = await host.step(episode_id=second, action=tool("shell.exec", command="printf same > x.txt && chmod 644 x.txt"))
+    assert a.diagnostics["workspace_digest"] == b.diagnostics["workspace_digest"]
+    assert b.diagnostics["changed_paths"] == ["x.txt"]
+    c = await host.step(episode_id=second, action=tool("shell.exec", command="chmod 600 x.txt"))
+    assert c.diagnostics["workspace_digest"] != a.diagnostics["workspace_digest"]
+    assert c.diagnostics["changed_paths"] == ["x.txt"]
+    read = await host.step(episode_id=second, action=tool("fs.read", path="x.txt"))
+    assert read.diagnostics["workspace_digest"] == c.diagnostics["workspace_digest"]
+    assert read.diagnostics["changed_paths"] == []
