@@ -73,6 +73,20 @@ def _parser() -> argparse.ArgumentParser:
     gc.add_argument("--json", action="store_true", help="print the report as JSON")
     gc.set_defaults(run=_run_gc)
 
+    bench = commands.add_parser(
+        "bench",
+        help="measure step and reset latency next to raw Docker doing the same work",
+        description=(
+            "Measure, interleaved in one run: an fs.read step vs `docker exec cat`, a shell.exec "
+            "step vs `docker exec true`, and a cold reset vs a raw create + put_archive + start. "
+            "Prints median, p99 and the speedup; cleans up after itself."
+        ),
+    )
+    bench.add_argument("--image", default="softprobe/base:latest", help="image to measure on (default: %(default)s)")
+    bench.add_argument("--quick", action="store_true", help="fewer samples (well under a minute)")
+    bench.add_argument("--json", action="store_true", help="print the report as JSON")
+    bench.set_defaults(run=_run_bench)
+
     images = commands.add_parser("images", help="build the project's images")
     image_commands = images.add_subparsers(title="image commands", metavar="COMMAND")
     build = image_commands.add_parser(
@@ -137,6 +151,14 @@ def _run_gc(args: argparse.Namespace) -> int:
         f"processes and {report.kept_other_host} of other machines"  # type: ignore[attr-defined]
     )
     return 0
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from .bench import main_bench
+    from .images import ensure_image
+
+    ensure_image(args.image)
+    return main_bench(image=args.image, quick=args.quick, as_json=args.json)
 
 
 def _run_demo(args: argparse.Namespace) -> int:

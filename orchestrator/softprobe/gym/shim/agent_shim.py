@@ -342,14 +342,18 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
             % timeout_s,
             diagnostics,
         )
+    # The OOM killer's counter, not the exit code, decides: a shell reports its killed child as
+    # 137, a program may catch the failure and exit 1, and SIGKILL alone can be anyone's doing.
     oom_after = _oom_kills()
-    if exit_code == -signal.SIGKILL and oom_before is not None and oom_after is not None:
-        if oom_after > oom_before:
-            raise ToolError(
-                "out_of_memory",
-                "command was killed by the out-of-memory killer (container memory limit reached)",
-                diagnostics,
-            )
+    if exit_code != 0 and oom_before is not None and oom_after is not None and oom_after > oom_before:
+        raise ToolError(
+            "out_of_memory",
+            "a process of the command was killed by the out-of-memory killer (the container's "
+            "memory limit was reached)",
+            diagnostics,
+        )
+    if exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL) and oom_before is None:
+        diagnostics["note"] = "killed by SIGKILL; possibly out of memory (cgroup counters unreadable)"
     return exit_code, output, diagnostics
 
 

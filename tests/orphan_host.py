@@ -1,0 +1,21 @@
+"""A host process for test_gc: starts episodes and a checkpoint, says "ready", then waits to die."""
+
+import asyncio
+import sys
+
+from softprobe.gym import create_host_environment
+
+
+async def main(run_root: str, image: str) -> None:
+    host = create_host_environment(run_root=run_root, image=image)
+    for i in range(3):
+        await host.create_episode(episode_id=f"orphan-{i}")
+        await host.reset(episode_id=f"orphan-{i}")
+    await host.step(episode_id="orphan-0", action={"type": "tool", "name": "fs.write", "args": {"path": "a"}})
+    await host.checkpoint(episode_id="orphan-0")
+    print("ready", flush=True)
+    await asyncio.Event().wait()  # until SIGKILL
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
