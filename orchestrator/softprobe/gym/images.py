@@ -208,14 +208,13 @@ def _build_one(
     build_hash = hashlib.sha256(
         context + json.dumps([build_args, parent_id], sort_keys=True).encode()
     ).hexdigest()
-    if not force:
-        try:
-            existing = client.images.get(spec.tag)
-            if (existing.labels or {}).get(L.BUILD_HASH) == build_hash:
-                log(f"{spec.tag} is up to date")
-                return BuildOutcome(spec.tag, existing.id, built=False)
-        except docker.errors.ImageNotFound:
-            pass
+    try:
+        previous = client.images.get(spec.tag)
+    except docker.errors.ImageNotFound:
+        previous = None
+    if previous is not None and not force and (previous.labels or {}).get(L.BUILD_HASH) == build_hash:
+        log(f"{spec.tag} is up to date")
+        return BuildOutcome(spec.tag, previous.id, built=False)
     log(f"building {spec.tag} (FROM {parent}) ...")
     image_labels = {L.IMAGE_NAME: spec.name, L.BUILD_HASH: build_hash}
     if spec.name == "base":
@@ -240,6 +239,8 @@ def _build_one(
             image_id = chunk["aux"]["ID"]
     if image_id is None:
         image_id = client.images.get(spec.tag).id
+    if previous is not None and previous.id != image_id:
+        _remove_superseded(client, previous.id)
     log(f"built {spec.tag} ({image_id[:19]})")
     return BuildOutcome(spec.tag, image_id, built=True)
 
@@ -266,6 +267,15 @@ def build_context(spec: ImageSpec) -> bytes:
 
 def _shim_path() -> Path:
     return Path(__file__).resolve().parent / "shim" / "agent_shim.py"
+
+
+def _remove_superseded(client: docker.DockerClient, image_id: str) -> None:
+    """Remove the image a rebuild replaced, unless something still uses it (a container, a
+    child image, another tag): then Docker refuses and it stays."""
+    try:
+        client.images.remove(image_id, noprune=False)
+    except docker.errors.APIError:
+        pass
 
 
 def _has_image(client: docker.DockerClient, ref: str) -> bool:
