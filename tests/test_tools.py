@@ -170,3 +170,24 @@ async def test_workspace_digest_is_equal_for_equal_worlds_and_different_otherwis
     read = await host.step(episode_id=second, action=tool("fs.read", path="x.txt"))
     assert read.diagnostics["workspace_digest"] == c.diagnostics["workspace_digest"]
     assert read.diagnostics["changed_paths"] == []
+
+
+async def test_reading_a_huge_file_returns_its_head_and_tail_without_reading_it_all(host):
+    episode_id = await ready(host)
+    make = "printf START > big; truncate -s 2G big; printf END >> big"
+    assert (await host.step(episode_id=episode_id, action=tool("shell.exec", command=make))).error is None
+    read = await host.step(episode_id=episode_id, action=tool("fs.read", path="big"))
+    assert read.diagnostics["bytes"] == 2 * 1024**3 + 3
+    assert read.observation.startswith("START") and read.observation.endswith("END")
+    assert read.diagnostics["output_truncated"] is True
+
+
+async def test_a_large_action_travels_in_one_piece(host):
+    episode_id = await ready(host)
+    content = "0123456789abcdef" * (12 * 1024 * 1024 // 16)  # 12 MiB, below the 16 MiB action limit
+    written = await host.step(episode_id=episode_id, action=tool("fs.write", path="large.txt", content=content))
+    assert written.diagnostics["bytes"] == len(content)
+    check = await host.step(episode_id=episode_id, action=tool("shell.exec", command="sha256sum large.txt"))
+    import hashlib
+
+    assert check.observation.split()[0] == hashlib.sha256(content.encode()).hexdigest()

@@ -89,13 +89,12 @@ class ShimClient:
             payload["id"] = request_id
             line = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
             try:
-                await asyncio.wait_for(self._exchange(line, request_id), deadline_s)
+                response = await asyncio.wait_for(self._exchange(line, request_id), deadline_s)
             except asyncio.TimeoutError:
-                self._fail(f"the shim did not answer within {deadline_s:g}s")
+                raise self._fail(f"the shim did not answer within {deadline_s:g}s") from None
             except (EOFError, ConnectionError, OSError) as err:
                 detail = f" ({err})" if str(err) else ""
-                self._fail(f"the connection to the shim closed{detail}")
-            response = self._response
+                raise self._fail(f"the connection to the shim closed{detail}") from None
         if not response.ok:
             failure = response.error
             raise SandboxError(
@@ -104,7 +103,7 @@ class ShimClient:
             )
         return response.result
 
-    async def _exchange(self, line: bytes, request_id: int) -> None:
+    async def _exchange(self, line: bytes, request_id: int) -> ShimResponse:
         await self._channel.send_line(line)
         while True:
             raw = await self._channel.recv_line()
@@ -112,13 +111,13 @@ class ShimClient:
                 response = ShimResponse.model_validate_json(raw)
             except ValidationError as err:
                 raise EOFError(f"unreadable message from the shim: {err.errors()[0]['msg']}") from None
-            # Answers to requests abandoned by an earlier timeout are skipped.
+            # id None: the shim could not even read the request's id.
             if response.id == request_id or response.id is None:
-                self._response = response
-                return
+                return response
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str) -> SandboxLostError:
+        """Mark the connection lost for good (a late answer would be misattributed)."""
         extra = self._channel.diagnostics()
         self._lost = reason + (f"; shim stderr: {extra}" if extra else "")
         self._channel.close()
-        raise SandboxLostError(self._lost)
+        return SandboxLostError(self._lost)
