@@ -11,6 +11,8 @@ from .errors import (
     EpisodeBrokenError,
     EpisodeExistsError,
     EpisodeNotFoundError,
+    ForkRequestError,
+    ForkVerificationError,
     GymError,
     ImageBuildError,
     ImageNotFoundError,
@@ -18,12 +20,15 @@ from .errors import (
     LeakageError,
     LifecycleError,
     OnStepHookError,
+    ReplayDivergenceError,
     SandboxError,
     SandboxLostError,
     SandboxStartError,
     UnsafeArchiveError,
     UnsupportedForkError,
 )
+from .conformance import CheckOutcome, HostCheckReport, check_host
+from .fork import ForkLineage, ForkResult
 from .hooks import StepContext
 from .host import DEFAULT_IMAGE, HostEnvironment, create_host_environment
 from .results import (
@@ -45,6 +50,7 @@ __all__ = [
     "DEFAULT_IMAGE",
     "CapabilityError",
     "Capabilities",
+    "CheckOutcome",
     "CheckpointRecord",
     "ConfigurationError",
     "ContainerSettings",
@@ -55,7 +61,12 @@ __all__ = [
     "EpisodeNotFoundError",
     "EpisodeState",
     "FinalizeResult",
+    "ForkLineage",
+    "ForkRequestError",
+    "ForkResult",
+    "ForkVerificationError",
     "GymError",
+    "HostCheckReport",
     "HostEnvironment",
     "ImageBuildError",
     "ImageNotFoundError",
@@ -63,6 +74,7 @@ __all__ = [
     "LeakageError",
     "LifecycleError",
     "OnStepHookError",
+    "ReplayDivergenceError",
     "ResetResult",
     "RewardComponent",
     "SandboxError",
@@ -76,6 +88,7 @@ __all__ = [
     "ToolInfo",
     "UnsafeArchiveError",
     "UnsupportedForkError",
+    "check_host",
     "create_host_environment",
     "parse_action",
 ]

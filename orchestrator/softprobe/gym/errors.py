@@ -107,6 +107,33 @@ class UnsupportedForkError(CapabilityError):
     """A fork was asked for on a path that is not legal here (see ``HostEnvironment.fork``)."""
 
 
+class ForkRequestError(UnsupportedForkError):
+    """A fork on a legal path was asked for with arguments that cannot work (an unknown
+    checkpoint, a prefix longer than the parent's trajectory, a missing argument)."""
+
+
+class ForkVerificationError(GymError):
+    """A forked child's world did not match its parent's at the branch point; the child was
+    destroyed."""
+
+
+class ReplayDivergenceError(ForkVerificationError):
+    """Re-executing the parent's prefix gave a different world (or, in strict mode, a different
+    observation) at ``step``. The child was destroyed.
+
+    Attributes:
+        step: the 1-based step that diverged (0: the freshly reset world already differed).
+        expected_digest: the parent's ``workspace_digest`` after that step.
+        actual_digest: the child's.
+    """
+
+    def __init__(self, message: str, *, step: int, expected_digest: str, actual_digest: str) -> None:
+        super().__init__(message)
+        self.step = step
+        self.expected_digest = expected_digest
+        self.actual_digest = actual_digest
+
+
 class LeakageError(GymError):
     """An id (or task content) appears in both the train and the eval split."""
 
@@ -118,6 +145,8 @@ __all__ = [
     "EpisodeBrokenError",
     "EpisodeExistsError",
     "EpisodeNotFoundError",
+    "ForkRequestError",
+    "ForkVerificationError",
     "GymError",
     "ImageBuildError",
     "ImageNotFoundError",
@@ -125,6 +154,7 @@ __all__ = [
     "LeakageError",
     "LifecycleError",
     "OnStepHookError",
+    "ReplayDivergenceError",
     "SandboxError",
     "SandboxLostError",
     "SandboxStartError",

@@ -25,11 +25,15 @@ from .errors import (
     EpisodeBrokenError,
     EpisodeExistsError,
     EpisodeNotFoundError,
+    ForkRequestError,
+    ForkVerificationError,
     LifecycleError,
     OnStepHookError,
+    ReplayDivergenceError,
+    SandboxError,
     SandboxLostError,
-    UnsupportedForkError,
 )
+from .fork import ForkLineage, ForkPath, ForkResult, check_fork_path, check_prefix_length
 from .hooks import OnStepHook, StepContext, call_hook
 from .lifecycle import require
 from .results import (
@@ -56,10 +60,24 @@ class _Episode:
     state: EpisodeState = EpisodeState.CREATED
     sandbox: Sandbox | None = None
     steps: list[StepResult] = field(default_factory=list)
+    initial_digest: str = ""  # the world right after the last reset
     workspace_digest: str = ""
     broken: str | None = None
-    checkpoints: list[str] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)  # made from this episode
+    source_checkpoint: str | None = None  # the checkpoint its container was started from
+    lineage: ForkLineage | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass
+class _Checkpoint:
+    """A checkpoint's record, the trajectory it was taken at, and who still needs its image."""
+
+    record: CheckpointRecord
+    steps: list[StepResult]
+    initial_digest: str
+    users: set[str] = field(default_factory=set)  # episodes whose container runs from it
+    released: bool = False  # its episode was destroyed: no new fork can name it
 
 
 class HostEnvironment:
@@ -104,9 +122,10 @@ class HostEnvironment:
         self._subject = subject
         self._backend = backend
         self._episodes: dict[str, _Episode] = {}
-        self._checkpoints: dict[str, CheckpointRecord] = {}
+        self._checkpoints: dict[str, _Checkpoint] = {}
         self._sweep_pending = sweep_on_start
         self._sweep_lock = asyncio.Lock()
+        self._collect_lock = asyncio.Lock()  # concurrent destroys must not race over images
         self._closed = False
 
     # -- context manager -----------------------------------------------------------------------
@@ -190,6 +209,7 @@ class HostEnvironment:
             episode.sandbox = sandbox
             episode.steps = []
             episode.broken = None
+            episode.initial_digest = sandbox.hello.workspace_digest
             episode.workspace_digest = sandbox.hello.workspace_digest
             episode.state = EpisodeState.READY
             episode.store.start_trajectory()
@@ -313,23 +333,170 @@ class HostEnvironment:
                 subject_state=subject_state,
                 created_at=datetime.now(timezone.utc),
             )
-            self._checkpoints[checkpoint_id] = record
+            self._checkpoints[checkpoint_id] = _Checkpoint(
+                record, list(episode.steps), episode.initial_digest
+            )
             episode.checkpoints.append(checkpoint_id)
             folder = episode.store.dir / "checkpoints"
             folder.mkdir(exist_ok=True)
             (folder / f"{checkpoint_id}.json").write_text(record.model_dump_json(indent=2))
             return record
 
-    async def fork(self, *, episode_id: str, path: str, **options: Any) -> Any:
-        """Branch a new episode from this one. Only ``checkpoint_import`` and
-        ``prefix_reexecution`` are legal; anything else raises UnsupportedForkError.
+    async def fork(
+        self,
+        *,
+        episode_id: str,
+        path: str,
+        checkpoint_id: str | None = None,
+        prefix_length: int | None = None,
+        child_episode_id: str | None = None,
+        strict: bool = False,
+    ) -> ForkResult:
+        """Branch a new episode off this one. Exactly two paths are legal.
 
-        Forking is not implemented in this version: every path raises UnsupportedForkError
-        before any work is done.
+        ``path="checkpoint_import"`` (needs ``environment_checkpoint`` and
+        ``subject_state_import``): the child's container starts from the checkpoint's image and
+        the subject's ``import_state(child_id, state)`` gets the state saved with it. The child
+        is ready to step from the checkpoint's step; no action is re-run. Its world is verified
+        to have the checkpoint's ``workspace_digest``.
+
+        ``path="prefix_reexecution"`` (needs ``deterministic_prefix_reexecution``): the child
+        starts from the seed in a fresh container and re-executes the parent's first
+        ``prefix_length`` actions (counted since the parent's last reset). After each one its
+        ``workspace_digest`` must equal the parent's at that step; with ``strict=True`` its
+        observation and error too.
+
+        Every refusal happens before any container or image is created. The child records its
+        lineage (``parent_episode_id``, ``branch_step``, ``path``, ``checkpoint_id``, the
+        verified ``workspace_digest``) and returns it.
+
+        Args:
+            child_episode_id: the child's id; generated if omitted.
+
+        Raises:
+            UnsupportedForkError: any other path, or a capability the path needs is not declared.
+            ForkRequestError: an unknown checkpoint (or one of another episode), a prefix length
+                out of range, or a missing argument.
+            ReplayDivergenceError: a replayed step gave a different world (the child is
+                destroyed); ForkVerificationError: a checkpoint's world did not come back whole.
+            LifecycleError / EpisodeNotFoundError / EpisodeExistsError: as usual.
         """
-        self._get(episode_id)
-        raise UnsupportedForkError(
-            f"fork path {path!r} is not available in this version of softprobe-gym"
+        parent = self._get(episode_id)
+        fork_path = check_fork_path(path, self.capabilities)
+        require(episode_id, parent.state, "fork")
+        if fork_path is ForkPath.CHECKPOINT_IMPORT:
+            if prefix_length is not None:
+                raise ForkRequestError("checkpoint_import takes checkpoint_id, not prefix_length")
+            entry = self._checkpoints.get(checkpoint_id) if isinstance(checkpoint_id, str) else None
+            if entry is None or entry.record.episode_id != episode_id:
+                raise ForkRequestError(
+                    f"checkpoint_import needs checkpoint_id= a checkpoint of episode "
+                    f"{episode_id!r}; {checkpoint_id!r} is not one (its checkpoints: "
+                    f"{', '.join(parent.checkpoints) or 'none'})"
+                )
+        else:
+            if checkpoint_id is not None:
+                raise ForkRequestError("prefix_reexecution takes prefix_length, not checkpoint_id")
+            check_prefix_length(prefix_length, len(parent.steps))
+        handle = await self.create_episode(episode_id=child_episode_id)
+        child = self._episodes[handle.episode_id]
+        started = time.perf_counter()
+        try:
+            if fork_path is ForkPath.CHECKPOINT_IMPORT:
+                lineage = await self._import_checkpoint(parent, child, entry)
+            else:
+                lineage = await self._reexecute_prefix(parent, child, int(prefix_length or 0), strict)
+        except BaseException:
+            # A failed fork leaves no trace: no container, no folder, and its id free again.
+            await asyncio.shield(self.destroy(episode_id=child.episode_id, cleanup=True))
+            self._episodes.pop(child.episode_id, None)
+            raise
+        child.lineage = lineage
+        child.store.write_record(self._record(child))
+        (child.store.dir / "lineage.json").write_text(lineage.model_dump_json(indent=2))
+        return ForkResult(
+            episode_id=child.episode_id,
+            state=child.state,
+            lineage=lineage,
+            duration_ms=_ms_since(started),
+        )
+
+    async def _import_checkpoint(
+        self, parent: _Episode, child: _Episode, entry: _Checkpoint
+    ) -> ForkLineage:
+        record = entry.record
+        async with child.lock:
+            entry.users.add(child.episode_id)
+            child.source_checkpoint = record.checkpoint_id
+            sandbox = await self._backend.start(
+                SandboxSpec(
+                    image=record.image_id,
+                    settings=self.container_settings,
+                    labels=self._labels(child.episode_id),
+                    copy_seed=False,
+                )
+            )
+            child.sandbox = sandbox
+            if sandbox.hello.workspace_digest != record.workspace_digest:
+                raise ForkVerificationError(
+                    f"checkpoint {record.checkpoint_id} came back with workspace digest "
+                    f"{sandbox.hello.workspace_digest}, not {record.workspace_digest}: the "
+                    "checkpoint did not capture the workspace (is it on a volume or tmpfs?)"
+                )
+            await _maybe_await(self._subject.import_state(child.episode_id, record.subject_state))
+            child.steps = [step.model_copy(update={"episode_id": child.episode_id}) for step in entry.steps]
+            for step in child.steps:
+                child.store.append_step(step)
+            child.initial_digest = entry.initial_digest
+            child.workspace_digest = record.workspace_digest
+            child.state = _state_after(child.steps)
+        return ForkLineage(
+            parent_episode_id=parent.episode_id,
+            branch_step=record.step_index,
+            path="checkpoint_import",
+            checkpoint_id=record.checkpoint_id,
+            workspace_digest=record.workspace_digest,
+        )
+
+    async def _reexecute_prefix(
+        self, parent: _Episode, child: _Episode, prefix_length: int, strict: bool
+    ) -> ForkLineage:
+        prefix = list(parent.steps[:prefix_length])
+        expected_initial = parent.initial_digest
+        await self.reset(episode_id=child.episode_id)
+        if child.initial_digest != expected_initial:
+            raise ReplayDivergenceError(
+                f"the fresh world of the child differs from the parent's before any step "
+                f"(digest {child.initial_digest} vs {expected_initial}): the seed image or "
+                "seed files changed since the parent's reset",
+                step=0,
+                expected_digest=expected_initial,
+                actual_digest=child.initial_digest,
+            )
+        for original in prefix:
+            replayed = await self.step(episode_id=child.episode_id, action=original.action)
+            expected = original.diagnostics["workspace_digest"]
+            actual = replayed.diagnostics["workspace_digest"]
+            same_observation = (replayed.observation, replayed.error) == (
+                original.observation,
+                original.error,
+            )
+            if actual != expected or (strict and not same_observation):
+                what = "workspace digest" if actual != expected else "observation (strict mode)"
+                raise ReplayDivergenceError(
+                    f"replaying step {original.index} of {parent.episode_id!r} "
+                    f"({_describe(original.action)}) gave a different {what}: parent "
+                    f"{expected}, child {actual}. The prefix is not deterministic; this host "
+                    "should not declare deterministic_prefix_reexecution for it.",
+                    step=original.index,
+                    expected_digest=expected,
+                    actual_digest=actual,
+                )
+        return ForkLineage(
+            parent_episode_id=parent.episode_id,
+            branch_step=prefix_length,
+            path="prefix_reexecution",
+            workspace_digest=child.workspace_digest,
         )
 
     async def finalize(self, *, episode_id: str) -> FinalizeResult:
@@ -398,10 +565,10 @@ class HostEnvironment:
                 {L.EPISODE: episode_id, L.HOST: self.host_id}
             )
             for checkpoint_id in episode.checkpoints:
-                record = self._checkpoints.pop(checkpoint_id, None)
-                if record is not None:
-                    await self._backend.remove_image(record.image_id)
-            episode.checkpoints.clear()
+                entry = self._checkpoints.get(checkpoint_id)
+                if entry is not None:
+                    entry.released = True
+            await self._collect_checkpoints()
             if not cleanup:
                 episode.store.write_record(self._record(episode))
         if cleanup:
@@ -410,23 +577,33 @@ class HostEnvironment:
     async def close(self) -> None:
         """Destroy every episode this host still holds (their folders stay) and release Docker.
 
-        Idempotent.
+        Idempotent. Tries everything even when a part fails, then raises SandboxError saying
+        what could not be released.
         """
         if self._closed:
             return
         self._closed = True
         try:
-            await asyncio.gather(
+            outcomes = await asyncio.gather(
                 *(
                     self.destroy(episode_id=episode_id)
-                    for episode_id, episode in self._episodes.items()
+                    for episode_id, episode in list(self._episodes.items())
                     if episode.state is not EpisodeState.DESTROYED
                 ),
                 return_exceptions=True,
             )
             await self._backend.remove_labelled({L.HOST: self.host_id})
+            await self._collect_checkpoints()
         finally:
             await self._backend.close()
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        left = [entry.record.image_id for entry in self._checkpoints.values()]
+        if failures or left:
+            raise SandboxError(
+                f"close() could not release everything: {len(failures)} episodes failed to "
+                f"destroy ({'; '.join(str(f) for f in failures[:3])}), {len(left)} checkpoint "
+                "images remain. `softprobe-gym gc` removes them once this process has exited."
+            ) from (failures[0] if failures else None)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -488,6 +665,30 @@ class HostEnvironment:
         sandbox, episode.sandbox = episode.sandbox, None
         if sandbox is not None:
             await sandbox.remove()
+        source, episode.source_checkpoint = episode.source_checkpoint, None
+        if source is not None and source in self._checkpoints:
+            self._checkpoints[source].users.discard(episode.episode_id)
+            await self._collect_checkpoints()
+
+    async def _collect_checkpoints(self) -> None:
+        """Remove the images of checkpoints nobody can use any more: their episode is destroyed
+        and no container runs from them. Newest first, since a checkpoint taken in a forked child
+        is built on its parent's image and Docker removes parents only after their children."""
+        async with self._collect_lock:
+            while True:
+                unused = [
+                    entry
+                    for entry in self._checkpoints.values()
+                    if entry.released and not entry.users
+                ]
+                unused.sort(key=lambda entry: entry.record.created_at, reverse=True)
+                removed = 0
+                for entry in unused:
+                    if await self._backend.remove_image(entry.record.image_id):
+                        self._checkpoints.pop(entry.record.checkpoint_id, None)
+                        removed += 1
+                if not removed or removed == len(unused):
+                    return
 
     async def _sweep_once(self) -> None:
         if not self._sweep_pending:
@@ -516,6 +717,7 @@ class HostEnvironment:
             "owner": L.current_owner(),
             "host_id": self.host_id,
             "checkpoints": list(episode.checkpoints),
+            "lineage": episode.lineage.model_dump() if episode.lineage else None,
         }
 
 
@@ -617,6 +819,17 @@ def create_host_environment(
         backend=backend,
         sweep_on_start=sweep_on_start,
     )
+
+
+def _state_after(steps: list[StepResult]) -> EpisodeState:
+    if not steps:
+        return EpisodeState.READY
+    last = steps[-1]
+    return EpisodeState.TERMINATED if last.terminated or last.truncated else EpisodeState.RUNNING
+
+
+def _describe(action: ToolAction | TerminateAction) -> str:
+    return f"tool {action.name}" if isinstance(action, ToolAction) else "terminate"
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -16,7 +16,12 @@ _HAS_FILTERS = hasattr(tarfile, "data_filter")
 
 
 def build_seed_archive(
-    seed_root: Path | None, *, uid: int, gid: int, extra: dict[str, bytes] | None = None
+    seed_root: Path | None,
+    *,
+    uid: int,
+    gid: int,
+    extra: dict[str, bytes] | None = None,
+    workspace: bool = True,
 ) -> bytes:
     """A tar to extract at ``/``: ``workspace/`` owned by ``uid:gid`` with the seed files in it.
 
@@ -25,7 +30,8 @@ def build_seed_archive(
     """
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        archive.addfile(_dir_member("workspace", 0o755, uid, gid))
+        if workspace:
+            archive.addfile(_dir_member("workspace", 0o755, uid, gid))
         if seed_root is not None:
             for path in sorted(_walk(seed_root)):
                 rel = path.relative_to(seed_root).as_posix()

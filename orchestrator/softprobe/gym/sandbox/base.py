@@ -27,6 +27,7 @@ class SandboxSpec(BaseModel):
     settings: ContainerSettings
     labels: dict[str, str]
     seed_root: Path | None = None
+    copy_seed: bool = True  # False: the image already holds the workspace (a checkpoint)
 
 
 class Sandbox(ABC):
@@ -83,7 +84,9 @@ class Sandbox(ABC):
     async def commit(self, *, labels: dict[str, str]) -> str:
         """Snapshot the container's filesystem as a new image carrying ``labels``; return its id.
 
-        Only called between tool calls, when no process of a tool is running.
+        Only called between tool calls, when no process of a tool is running. Chains of commits
+        (checkpoint, fork from it, checkpoint again...) never hit the storage driver's layer
+        limit: a provider flattens the image before it would.
 
         Raises:
             SandboxError: the commit failed (after retries).
@@ -127,8 +130,12 @@ class SandboxBackend(ABC):
         """Remove every container carrying all of ``labels``; return their ids."""
 
     @abstractmethod
-    async def remove_image(self, image_id: str) -> None:
-        """Delete an image this library created. Idempotent."""
+    async def remove_image(self, image_id: str) -> bool:
+        """Delete an image this library created; True if it is gone (or was already).
+
+        False when it is still needed (a container runs from it, or an image is built on it):
+        then nothing is removed and the caller may try again later.
+        """
 
     @abstractmethod
     async def sweep(self, *, everything: bool = False, dry_run: bool = False) -> SweepReport:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import json
 import os
 import tarfile
 import tempfile
@@ -45,6 +46,8 @@ T = TypeVar("T")
 SHIM_PATH = "/opt/softprobe/agent_shim.py"
 WORKSPACE = "/workspace"
 HELLO_TIMEOUT_S = 60.0
+#: overlay2 refuses more than ~125 layers; a commit that would reach this many flattens instead.
+FLATTEN_AT_LAYERS = 100
 _SHIM_SOURCE = (Path(__file__).resolve().parent.parent / "shim" / "agent_shim.py").read_bytes()
 SHIM_SHA256 = hashlib.sha256(_SHIM_SOURCE).hexdigest()
 
@@ -105,8 +108,15 @@ class DockerBackend(SandboxBackend):
             that many episodes can start, copy and stop at once.
     """
 
-    def __init__(self, *, docker_host: str | None = None, max_workers: int = 32) -> None:
+    def __init__(
+        self,
+        *,
+        docker_host: str | None = None,
+        max_workers: int = 32,
+        flatten_at_layers: int = FLATTEN_AT_LAYERS,
+    ) -> None:
         self._docker_host = docker_host
+        self.flatten_at_layers = flatten_at_layers
         self._max_workers = max_workers
         self._client: docker.DockerClient | None = None
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="softprobe-docker")
@@ -129,10 +139,15 @@ class DockerBackend(SandboxBackend):
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
         info = await self._run(self._image_info_for, spec.image, spec.settings.user)
-        archive = await self._run(self._seed_archive, spec.seed_root, info)
+        archive = None
+        if spec.copy_seed:
+            archive = await self._run(self._seed_archive, spec.seed_root, info)
+        elif not info.shim_baked:
+            archive = build_seed_archive(None, uid=info.uid, gid=info.gid, extra={SHIM_PATH: _SHIM_SOURCE}, workspace=False)
         container_id = await self._run(self._create, spec, info)
         try:
-            await self._run(self._put_archive, container_id, archive)
+            if archive is not None:
+                await self._run(self._put_archive, container_id, archive)
             attach = await self._run(self._attach, container_id)
             try:
                 channel = await AttachChannel.open(attach, max_line_bytes=256 * 1024 * 1024)
@@ -151,7 +166,7 @@ class DockerBackend(SandboxBackend):
         except BaseException:
             await asyncio.shield(self._run(self._remove, container_id))
             raise
-        return DockerSandbox(self, container_id, info.image_id, client, hello)
+        return DockerSandbox(self, container_id, info.image_id, client, hello, info.user)
 
     def _image_info_for(self, image: str, user: str | None) -> _ImageInfo:
         try:
@@ -289,14 +304,20 @@ class DockerBackend(SandboxBackend):
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
         return [c["Id"] for c in self.client.api.containers(all=True, filters=filters)]
 
-    async def remove_image(self, image_id: str) -> None:
-        await self._run(self._remove_image, image_id)
+    async def remove_image(self, image_id: str) -> bool:
+        return await self._run(self._remove_image, image_id)
 
-    def _remove_image(self, image_id: str) -> None:
+    def _remove_image(self, image_id: str) -> bool:
         try:
-            control_plane(self.client.api.remove_image)(image_id, force=True)
+            # Not forced: a forced removal of an image with dependants only untags it.
+            control_plane(self.client.api.remove_image)(image_id)
         except docker.errors.NotFound:
-            pass
+            return True
+        except docker.errors.APIError as err:
+            if err.status_code == 409:  # a container or a child image still needs it
+                return False
+            raise
+        return True
 
     async def sweep(self, *, everything: bool = False, dry_run: bool = False) -> SweepReport:
         return await self._run(self._sweep, everything, dry_run)
@@ -311,11 +332,19 @@ class DockerBackend(SandboxBackend):
                 if not dry_run:
                     self._remove(container["Id"])
         images = control_plane(api.images)(filters={"label": L.CHECKPOINT})
-        for image in images:
-            if self._doomed(image.get("Labels") or {}, everything, report):
-                report.removed_images.append(image["Id"])
-                if not dry_run:
-                    self._remove_image(image["Id"])
+        doomed = [i for i in images if self._doomed(i.get("Labels") or {}, everything, report)]
+        report.removed_images.extend(i["Id"] for i in doomed)
+        if not dry_run:
+            # Checkpoint chains: a parent image goes only after its children, so newest first,
+            # and again while a pass makes progress.
+            pending = sorted(doomed, key=lambda i: i.get("Created", 0), reverse=True)
+            while pending:
+                left = [i for i in pending if not self._remove_image(i["Id"])]
+                if len(left) == len(pending):
+                    break
+                pending = left
+            for image in pending:
+                report.removed_images.remove(image["Id"])
         return report
 
     @staticmethod
@@ -363,6 +392,36 @@ def _host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
     return kwargs
 
 
+def _config_changes(config: dict[str, Any], labels: dict[str, str], user: str | None) -> list[str]:
+    """Dockerfile instructions that give an imported image the configuration of ``config``."""
+
+    def quote(value: str) -> str:
+        return json.dumps(value).replace("$", "\\$")
+
+    changes = []
+    for entry in config.get("Env") or []:
+        key, _, value = entry.partition("=")
+        changes.append(f"ENV {key}={quote(value)}")
+    if config.get("WorkingDir"):
+        changes.append(f"WORKDIR {config['WorkingDir']}")
+    if user or config.get("User"):
+        changes.append(f"USER {user or config['User']}")
+    if config.get("Cmd"):
+        changes.append(f"CMD {json.dumps(config['Cmd'])}")
+    merged = dict(config.get("Labels") or {}, **labels)
+    changes.extend(f"LABEL {quote(key)}={quote(value)}" for key, value in merged.items())
+    return changes
+
+
+def _last_json_line(response: Any) -> dict[str, Any]:
+    text = response if isinstance(response, str) else bytes(response).decode("utf-8", "replace")
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    try:
+        return dict(json.loads(lines[-1])) if lines else {}
+    except ValueError:
+        return {"status": text[-300:]}
+
+
 def _tree_signature(root: Path) -> tuple[Any, ...]:
     """Cheap identity of a seed tree (names, sizes, mtimes) to know when to rebuild its archive."""
     entries = []
@@ -387,11 +446,13 @@ class DockerSandbox(Sandbox):
         image_id: str,
         client: ShimClient,
         hello: HelloResult,
+        user: str | None,
     ) -> None:
         self._backend = backend
         self.sandbox_id = container_id
         self.image_id = image_id
         self.hello = hello
+        self._user = user
         self._shim = client
         self._removed = False
 
@@ -428,10 +489,26 @@ class DockerSandbox(Sandbox):
         return await self._backend._run(self._commit, labels)
 
     def _commit(self, labels: dict[str, str]) -> str:
-        # No pause: commit only happens between steps, when no tool process is alive to write.
         api = self._backend.client.api
+        image = control_plane(api.inspect_image)(self.image_id)
+        if len(image["RootFS"]["Layers"]) + 1 >= self._backend.flatten_at_layers:
+            return self._flatten(image["Config"] or {}, labels)
+        # No pause: commit only happens between steps, when no tool process is alive to write.
         response = control_plane(api.commit)(self.sandbox_id, conf={"Labels": labels}, pause=False)
         return str(response["Id"])
+
+    def _flatten(self, config: dict[str, Any], labels: dict[str, str]) -> str:
+        """Snapshot as a one-layer image: export the container's filesystem, import it with the
+        image's configuration. Slower than a commit, so only used when a commit chain gets deep."""
+        api = self._backend.client.api
+        changes = _config_changes(config, labels, self._user)
+        exported = api.export(self.sandbox_id)
+        response = api.import_image_from_stream(exported, changes=changes)
+        status = _last_json_line(response)
+        image_id = status.get("status", "")
+        if not image_id.startswith("sha256:"):
+            raise SandboxError(f"flattening the checkpoint failed: {status}")
+        return image_id
 
     async def remove(self) -> None:
         if self._removed:
