@@ -1,5 +1,9 @@
 """``softprobe-gym bench``: our operations next to the raw Docker operation doing the same work.
 
+Measured: an fs.read step vs ``docker exec cat``; a shell.exec step vs ``docker exec true``; a
+cold reset vs create + put_archive + start; a checkpoint vs ``docker commit``; forks (prefix
+re-execution of 1 and 10 steps, checkpoint import) next to the create + copy + start floor.
+
 Each pair is measured interleaved in one loop (ours, then raw, then ours...), so that whatever
 else the machine does affects both sides alike. Reported: median and p99 of each side and the
 speedup (raw median / our median; above 1 means we are faster).
@@ -17,7 +21,8 @@ from typing import Awaitable, Callable
 from pydantic import BaseModel
 
 from . import labels as L
-from .host import create_host_environment
+from .host import HostEnvironment, create_host_environment
+from .sandbox.base import Sandbox
 from .sandbox.archive import build_seed_archive
 from .sandbox.docker_backend import DockerBackend, _host_config_kwargs
 from .settings import ContainerSettings
@@ -65,14 +70,20 @@ async def _timed(func: Callable[[], Awaitable[object]]) -> float:
 
 
 async def run_bench(*, image: str, quick: bool = False) -> BenchReport:
-    """Measure step and reset latency against raw Docker; leaves nothing behind."""
+    """Measure steps, resets, checkpoints and forks against raw Docker; leaves nothing behind."""
     steps, execs, resets = (200, 30, 8) if quick else (1000, 100, 30)
     rows = []
     with tempfile.TemporaryDirectory(prefix="softprobe-bench-") as tmp:
         seed = Path(tmp) / "seed"
         seed.mkdir()
         (seed / "small.txt").write_text("x" * 200)
-        async with create_host_environment(run_root=Path(tmp) / "run", seed_root=seed, image=image) as host:
+        async with create_host_environment(
+            run_root=Path(tmp) / "run",
+            seed_root=seed,
+            image=image,
+            capabilities={"subject_state_import": True},
+            subject=_NoSubject(),
+        ) as host:
             backend: DockerBackend = host._backend  # type: ignore[assignment]
             await host.create_episode(episode_id="bench")
             await host.reset(episode_id="bench")
@@ -132,7 +143,57 @@ async def run_bench(*, image: str, quick: bool = False) -> BenchReport:
                 raw.append(await _timed(raw_reset))
                 await backend._run(backend._remove, raw_ids.pop())
             rows.append(_row("reset (cold: new container + seed)", "docker create+put_archive+start", ours, raw))
+
+            # Checkpoints: ours (commit + labels + record) vs a raw commit of the same container.
+            write = {"type": "tool", "name": "fs.write", "args": {"path": "n.txt", "content": "1"}}
+            await host.step(episode_id="bench", action=write)
+            ours, raw = [], []
+            for _ in range(resets):
+                ours.append(await _timed(lambda: host.checkpoint(episode_id="bench")))
+                started = time.perf_counter()
+                committed = await backend._run(
+                    api.commit, sandbox_now(host).sandbox_id, conf={"Labels": {L.MANAGED: "true"}}, pause=False
+                )
+                raw.append(time.perf_counter() - started)
+                await backend.remove_image(committed["Id"])
+            rows.append(_row("checkpoint", "docker commit (no pause)", ours, raw))
+
+            # Forks of a 10-step parent, next to the raw floor of any new container.
+            for i in range(10):
+                await host.step(episode_id="bench", action={**write, "args": {"path": f"f{i}", "content": str(i)}})
+            ckpt = await host.checkpoint(episode_id="bench")
+            cases = [
+                ("fork prefix_reexecution N=1", dict(path="prefix_reexecution", prefix_length=1)),
+                ("fork prefix_reexecution N=10", dict(path="prefix_reexecution", prefix_length=10)),
+                ("fork checkpoint_import", dict(path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)),
+            ]
+            for name, kwargs in cases:
+                ours, raw = [], []
+                for _ in range(max(3, resets // 3)):
+                    started = time.perf_counter()
+                    child = await host.fork(episode_id="bench", **kwargs)  # type: ignore[arg-type]
+                    ours.append(time.perf_counter() - started)
+                    await host.destroy(episode_id=child.episode_id, cleanup=True)
+                    raw.append(await _timed(raw_reset))
+                    await backend._run(backend._remove, raw_ids.pop())
+                rows.append(_row(name, "docker create+put_archive+start", ours, raw))
     return BenchReport(image=image, rows=rows)
+
+
+def sandbox_now(host: HostEnvironment) -> Sandbox:
+    sandbox = host._episodes["bench"].sandbox
+    assert sandbox is not None
+    return sandbox
+
+
+class _NoSubject:
+    """Lets the bench declare subject_state_import, so checkpoint_import can be measured."""
+
+    def export_state(self, episode_id: str) -> None:
+        return None
+
+    def import_state(self, episode_id: str, state: object) -> None:
+        return None
 
 
 def format_report(report: BenchReport) -> str:

@@ -75,11 +75,13 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench",
-        help="measure step and reset latency next to raw Docker doing the same work",
+        help="measure steps, resets, checkpoints and forks next to raw Docker doing the same work",
         description=(
             "Measure, interleaved in one run: an fs.read step vs `docker exec cat`, a shell.exec "
-            "step vs `docker exec true`, and a cold reset vs a raw create + put_archive + start. "
-            "Prints median, p99 and the speedup; cleans up after itself."
+            "step vs `docker exec true`, a cold reset vs a raw create + put_archive + start, a "
+            "checkpoint vs `docker commit`, and forks (prefix re-execution of 1 and 10 steps, "
+            "checkpoint import) next to the create + copy + start floor. Prints median, p99 and "
+            "the speedup; cleans up after itself."
         ),
     )
     bench.add_argument("--image", default="softprobe/base:latest", help="image to measure on (default: %(default)s)")
