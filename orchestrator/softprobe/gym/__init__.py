@@ -21,14 +21,17 @@ from .errors import (
     LifecycleError,
     OnStepHookError,
     ReplayDivergenceError,
+    RewardError,
     SandboxError,
     SandboxLostError,
     SandboxStartError,
+    SplitError,
     UnsafeArchiveError,
     UnsupportedForkError,
 )
 from .conformance import CheckOutcome, HostCheckReport, check_host
 from .fork import ForkLineage, ForkResult
+from .export import PromptfooInput, TrajectoryStep
 from .hooks import StepContext
 from .host import DEFAULT_IMAGE, HostEnvironment, create_host_environment
 from .results import (
@@ -42,24 +45,37 @@ from .results import (
     StepResult,
     ToolInfo,
 )
+from .rewards import Check, Facts, RewardContext, RewardTracker, map_reward_components
+from .session import (
+    ResetEvent,
+    RolloutResult,
+    StepEvent,
+    TerminatedEvent,
+    TrainingSession,
+    create_training_session,
+    rollout_to_promptfoo_input,
+)
 from .settings import Capabilities, ContainerSettings
+from .splits import TrainEvalSplit, assert_no_leakage, partition_train_eval
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_IMAGE",
-    "CapabilityError",
     "Capabilities",
+    "CapabilityError",
+    "Check",
     "CheckOutcome",
     "CheckpointRecord",
     "ConfigurationError",
     "ContainerSettings",
+    "DEFAULT_IMAGE",
     "DockerUnavailableError",
     "EpisodeBrokenError",
     "EpisodeExistsError",
     "EpisodeHandle",
     "EpisodeNotFoundError",
     "EpisodeState",
+    "Facts",
     "FinalizeResult",
     "ForkLineage",
     "ForkRequestError",
@@ -74,21 +90,38 @@ __all__ = [
     "LeakageError",
     "LifecycleError",
     "OnStepHookError",
+    "PromptfooInput",
     "ReplayDivergenceError",
+    "ResetEvent",
     "ResetResult",
     "RewardComponent",
+    "RewardContext",
+    "RewardError",
+    "RewardTracker",
+    "RolloutResult",
     "SandboxError",
     "SandboxLostError",
     "SandboxStartError",
+    "SplitError",
     "StepContext",
     "StepError",
+    "StepEvent",
     "StepResult",
     "TerminateAction",
+    "TerminatedEvent",
     "ToolAction",
     "ToolInfo",
+    "TrainEvalSplit",
+    "TrainingSession",
+    "TrajectoryStep",
     "UnsafeArchiveError",
     "UnsupportedForkError",
+    "assert_no_leakage",
     "check_host",
     "create_host_environment",
+    "create_training_session",
+    "map_reward_components",
     "parse_action",
+    "partition_train_eval",
+    "rollout_to_promptfoo_input",
 ]

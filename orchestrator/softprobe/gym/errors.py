@@ -134,6 +134,21 @@ class ReplayDivergenceError(ForkVerificationError):
         self.actual_digest = actual_digest
 
 
+class RewardError(GymError):
+    """``reward_from`` raised, returned malformed facts, or its checks changed between steps.
+
+    The step itself ran and is recorded (``step_result``); the rollout stops.
+    """
+
+    def __init__(self, message: str, step_result: object = None) -> None:
+        super().__init__(message)
+        self.step_result = step_result
+
+
+class SplitError(GymError, ValueError):
+    """``partition_train_eval`` got ids or a ratio it cannot split."""
+
+
 class LeakageError(GymError):
     """An id (or task content) appears in both the train and the eval split."""
 
@@ -155,9 +170,11 @@ __all__ = [
     "LifecycleError",
     "OnStepHookError",
     "ReplayDivergenceError",
+    "RewardError",
     "SandboxError",
     "SandboxLostError",
     "SandboxStartError",
+    "SplitError",
     "UnsafeArchiveError",
     "UnsupportedForkError",
 ]

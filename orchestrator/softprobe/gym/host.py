@@ -66,6 +66,7 @@ class _Episode:
     checkpoints: list[str] = field(default_factory=list)  # made from this episode
     source_checkpoint: str | None = None  # the checkpoint its container was started from
     lineage: ForkLineage | None = None
+    max_steps: int | None = None  # overrides the host's limit
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -148,13 +149,16 @@ class HostEnvironment:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def create_episode(self, *, episode_id: str | None = None) -> EpisodeHandle:
+    async def create_episode(
+        self, *, episode_id: str | None = None, max_steps: int | None = None
+    ) -> EpisodeHandle:
         """Reserve an episode id and its folder ``run_root/episodes/<episode_id>``.
 
         No container is started until :meth:`reset`.
 
         Args:
             episode_id: 1-128 letters, digits, ``.``, ``_`` or ``-``; generated if omitted.
+            max_steps: this episode's step limit (default: the host's ``max_steps``).
 
         Raises:
             ConfigurationError: the id is not of that form.
@@ -169,7 +173,9 @@ class HostEnvironment:
                 f"episode {episode_id!r} already exists on this host; pick another id or "
                 "destroy it first"
             )
-        episode = _Episode(episode_id, EpisodeStore(self.run_root, episode_id))
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+            raise ConfigurationError(f"max_steps must be a positive int, not {max_steps!r}")
+        episode = _Episode(episode_id, EpisodeStore(self.run_root, episode_id), max_steps=max_steps)
         self._episodes[episode_id] = episode
         episode.store.create(self._record(episode))
         return EpisodeHandle(
@@ -272,7 +278,8 @@ class HostEnvironment:
                 observation, error, diagnostics = call.observation, call.error, call.diagnostics
                 episode.workspace_digest = diagnostics["workspace_digest"]
             terminated = isinstance(parsed, TerminateAction)
-            truncated = not terminated and self.max_steps is not None and index >= self.max_steps
+            limit = episode.max_steps if episode.max_steps is not None else self.max_steps
+            truncated = not terminated and limit is not None and index >= limit
             result = StepResult(
                 episode_id=episode_id,
                 index=index,

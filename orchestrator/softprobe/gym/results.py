@@ -97,8 +97,11 @@ class StepResult(BaseModel):
         diagnostics: always ``workspace_digest`` and ``changed_paths``; tools add their own
             (``exit_code``, ``output_truncated``...), ``on_step`` adds more.
         reward_components: empty outside a training session.
+        reward: the aggregate of ``reward_components`` (their sum unless the session says
+            otherwise); ``None`` outside a training session.
         error: ``None``, or what the agent got wrong (the episode goes on).
         duration_ms: wall time of the step on the host.
+        source_trace_id: the rollout's trace id (32 hex digits) in a training session.
     """
 
     episode_id: str
@@ -109,8 +112,10 @@ class StepResult(BaseModel):
     truncated: bool = False
     diagnostics: dict[str, Any] = Field(default_factory=dict)
     reward_components: list[RewardComponent] = Field(default_factory=list)
+    reward: float | None = None
     error: StepError | None = None
     duration_ms: float = 0.0
+    source_trace_id: str | None = None
 
 
 class SkippedMember(BaseModel):
