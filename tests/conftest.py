@@ -15,6 +15,11 @@ import pytest
 # testcontainers' reaper image cannot be pulled without a registry; we label and sweep ourselves.
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
+# The promptfoo CLI that `bash .ci/setup test` installs, unless one is configured already.
+_LOCAL_PROMPTFOO = Path(__file__).resolve().parents[1] / ".venv" / "promptfoo" / "node_modules" / ".bin" / "promptfoo"
+if "SOFTPROBE_PROMPTFOO" not in os.environ and _LOCAL_PROMPTFOO.exists():
+    os.environ["SOFTPROBE_PROMPTFOO"] = str(_LOCAL_PROMPTFOO)
+
 from softprobe.gym import create_host_environment, labels as L  # noqa: E402
 from softprobe.gym.errors import DockerUnavailableError  # noqa: E402
 

@@ -89,6 +89,22 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(run=_run_bench)
 
+    grade = commands.add_parser(
+        "grade",
+        help="grade the finished episodes under a run root with Promptfoo assertions",
+        description=(
+            "Grade every finished episode under RUN_DIR/episodes/ (those with a result.json) with "
+            "the assertions in ASSERTIONS.yaml: a list of promptfoo assertions, or a mapping with "
+            "'assert: [...]' and an optional 'threshold'. All rollouts go through one grading run. "
+            "Exit code 0 when all pass, 1 when some fail, 2 on a usage error."
+        ),
+    )
+    grade.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run root (the host's run_root)")
+    grade.add_argument("--assert", dest="assertions", type=Path, required=True, metavar="ASSERTIONS.yaml")
+    grade.add_argument("--backend", choices=["auto", "native", "cli"], default="auto", help="default: %(default)s")
+    grade.add_argument("--json", action="store_true", help="print one JSON result per episode")
+    grade.set_defaults(run=_run_grade)
+
     images = commands.add_parser("images", help="build the project's images")
     image_commands = images.add_subparsers(title="image commands", metavar="COMMAND")
     build = image_commands.add_parser(
@@ -153,6 +169,30 @@ def _run_gc(args: argparse.Namespace) -> int:
         f"processes and {report.kept_other_host} of other machines"  # type: ignore[attr-defined]
     )
     return 0
+
+
+def _run_grade(args: argparse.Namespace) -> int:
+    from softprobe.promptfoo_adapter import PromptfooAdapterError, grade_cases
+
+    from .grading import case_for, finished_episodes, format_table, load_assertions
+
+    # Exit 1 means "some rollouts failed", so every error here is a 2.
+    try:
+        assertions, threshold = load_assertions(args.assertions)
+        episodes = finished_episodes(args.run_dir)
+        if not episodes:
+            raise GymError(f"no finished episodes under {args.run_dir}/episodes")
+        cases = [case_for(folder, assertions, threshold) for folder in episodes]
+        results = asyncio.run(grade_cases(cases, backend=args.backend))
+    except (GymError, PromptfooAdapterError) as err:
+        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        for result in results:
+            print(result.model_dump_json())
+    else:
+        print(format_table(results))
+    return 0 if all(r.passed for r in results) else 1
 
 
 def _run_bench(args: argparse.Namespace) -> int:

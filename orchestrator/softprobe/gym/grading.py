@@ -1,0 +1,83 @@
+"""Grade finished episodes under a run root with Promptfoo assertions (``softprobe-gym grade``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .errors import ConfigurationError
+from .export import final_output_of, trajectory_digest, trajectory_steps
+from .results import StepResult
+
+
+def load_assertions(path: Path) -> tuple[list[dict[str, Any]], float | None]:
+    """Read ASSERTIONS.yaml: a list of assertions, or ``{assert: [...], threshold: N}``.
+
+    Raises:
+        ConfigurationError: the file is missing, not YAML, or not of that shape.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigurationError(f"cannot read {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigurationError(f"{path} is not valid YAML: {err}") from None
+    threshold = None
+    if isinstance(data, dict):
+        threshold = data.get("threshold")
+        data = data.get("assert")
+    if not isinstance(data, list) or not all(isinstance(a, dict) and "type" in a for a in data):
+        raise ConfigurationError(
+            f"{path} must hold a list of assertions (each with a 'type'), or a mapping with "
+            "'assert: [...]' and an optional 'threshold'"
+        )
+    if threshold is not None and not isinstance(threshold, (int, float)):
+        raise ConfigurationError(f"{path}: threshold must be a number")
+    return data, threshold
+
+
+def finished_episodes(run_root: Path) -> list[Path]:
+    """Episode folders under ``run_root`` that finalize wrote a result for, sorted by name."""
+    return sorted(p.parent for p in (run_root / "episodes").glob("*/result.json"))
+
+
+def case_for(episode_dir: Path, assertions: list[dict[str, Any]], threshold: float | None) -> dict[str, Any]:
+    """One grading case from an episode's records (``rollout.json`` if a session wrote one)."""
+    episode_id = episode_dir.name
+    rollout = episode_dir / "rollout.json"
+    try:
+        if rollout.exists():
+            data = json.loads(rollout.read_text())
+            steps = [StepResult.model_validate(s) for s in data["steps"]]
+            final_output, digest, trace = data["final_output"], data["trajectory_digest"], data["source_trace_id"]
+        else:
+            lines = (episode_dir / "trajectory.jsonl").read_text().splitlines()
+            steps = [StepResult.model_validate_json(line) for line in lines if line.strip()]
+            final_output, digest, trace = final_output_of(episode_id, steps), trajectory_digest(steps), None
+    except (OSError, ValueError, KeyError, ValidationError) as err:
+        raise ConfigurationError(f"cannot read the records of {episode_dir}: {err}") from None
+    return {
+        "attempt_id": episode_id,
+        "final_output": final_output,
+        "trajectory_digest": digest,
+        "source_trace_id": trace,
+        "assertions": assertions,
+        "threshold": threshold,
+        "steps": [s.model_dump() for s in trajectory_steps(steps)],
+    }
+
+
+def format_table(results: list[Any]) -> str:
+    width = max([len("episode")] + [len(r.attempt_id) for r in results])
+    lines = [f"{'episode':{width}}  result  score   backend  reason", "-" * (width + 48)]
+    for r in results:
+        verdict = "ERROR" if r.error else ("pass" if r.passed else "FAIL")
+        reason = (r.error or r.reason).replace("\n", " ")
+        lines.append(f"{r.attempt_id:{width}}  {verdict:6}  {r.score:6.3f}  {r.backend:7}  {reason[:90]}")
+    passed = sum(r.passed for r in results)
+    lines.append(f"{passed} passed, {len(results) - passed} failed")
+    return "\n".join(lines)

@@ -1,0 +1,212 @@
+"""The CLI backend: grade with the real ``promptfoo`` CLI, offline, many rollouts in one run.
+
+Each rollout becomes one test of one config: its final output goes in ``providerOutput`` (used
+verbatim, never templated), the provider is ``echo`` with the prompt ``{{ '' }}`` (so an empty
+output still grades), and the ids ride in ``metadata``. Assertion strings are templated by
+promptfoo, so any Nunjucks syntax in them is wrapped in ``{% raw %}`` to stay literal.
+
+Nothing leaves the machine: telemetry, updates and sharing are off, the config dir is private to
+the run, and HTTP(S) proxies point at a closed loopback port for the one request promptfoo still
+attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import PromptfooCliError
+from .models import Assertion, ComponentResult, EvalCase, EvalResult
+
+DEFAULT_TIMEOUT_S = 300.0
+_TEMPLATE_MARKERS = ("{{", "{%", "{#")
+
+
+def find_cli() -> list[str] | None:
+    """The command that runs promptfoo: ``$SOFTPROBE_PROMPTFOO`` or ``promptfoo`` on PATH."""
+    configured = os.environ.get("SOFTPROBE_PROMPTFOO")
+    if configured:
+        return [configured] if Path(configured).exists() or shutil.which(configured) else None
+    found = shutil.which("promptfoo")
+    return [found] if found else None
+
+
+def literal(text: str) -> str:
+    """``text`` as a Nunjucks template that renders to exactly ``text``."""
+    if not any(marker in text for marker in _TEMPLATE_MARKERS):
+        return text
+    pieces = text.split("{% endraw %}")
+    return "{{ '{% endraw %}' }}".join(f"{{% raw %}}{piece}{{% endraw %}}" for piece in pieces)
+
+
+def _escape_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return literal(value)
+    if isinstance(value, list):
+        return [literal(v) if isinstance(v, str) else v for v in value]
+    return value
+
+
+def _assertion_config(assertion: Assertion, base: Path) -> dict[str, Any]:
+    data = assertion.to_config()
+    value = data.get("value")
+    if isinstance(value, str) and value.startswith("file://"):
+        path, sep, function = value[len("file://"):].partition(":")
+        data["value"] = "file://" + str((base / path).resolve()) + (sep + function if sep else "")
+    elif assertion.type != "python":
+        data["value"] = _escape_value(value)
+    elif isinstance(value, str):
+        data["value"] = literal(value)  # promptfoo renders python code as a template too
+    if data.get("metric"):
+        data["metric"] = literal(data["metric"])
+    if assertion.assert_ is not None:
+        data["assert"] = [_assertion_config(child, base) for child in assertion.assert_]
+    if "value" in data and data["value"] is None and "value" not in assertion.model_fields_set:
+        del data["value"]
+    return data
+
+
+def build_config(cases: list[EvalCase], *, base: Path) -> dict[str, Any]:
+    tests = []
+    for case in cases:
+        test: dict[str, Any] = {
+            "description": literal(case.attempt_id),
+            "providerOutput": case.final_output,
+            "metadata": {
+                "attemptId": case.attempt_id,
+                "trajectoryDigest": case.trajectory_digest,
+                "sourceTraceId": case.source_trace_id,
+            },
+            "assert": [_assertion_config(a, base) for a in case.assertions],
+        }
+        if case.threshold is not None:
+            test["threshold"] = case.threshold
+        tests.append(test)
+    return {
+        "description": "softprobe-gym grading",
+        "prompts": ["{{ '' }}"],
+        "providers": ["echo"],
+        "tests": tests,
+    }
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # promptfoo's own children (python assertions) too
+    except ProcessLookupError:
+        pass
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[EvalResult]:
+    """Grade ``cases`` in one ``promptfoo eval`` run.
+
+    Raises:
+        PromptfooCliError: the CLI is missing, timed out, or failed (the message has its stderr).
+    """
+    command = find_cli()
+    if command is None:
+        raise PromptfooCliError(
+            "the promptfoo CLI is not installed: `npm install -g promptfoo@0.121` (Node 20), or "
+            "set SOFTPROBE_PROMPTFOO to its path; or grade with backend='native'"
+        )
+    if not cases:
+        return []
+    with tempfile.TemporaryDirectory(prefix="softprobe-promptfoo-") as tmp:
+        work = Path(tmp)
+        config_path, output_path = work / "promptfooconfig.json", work / "results.json"
+        config_path.write_text(json.dumps(build_config(cases, base=Path.cwd()), ensure_ascii=False))
+        proxy = f"http://127.0.0.1:{_closed_port()}"
+        env = {
+            **os.environ,
+            "PROMPTFOO_CONFIG_DIR": str(work / "promptfoo-home"),
+            "PROMPTFOO_DISABLE_TELEMETRY": "1",
+            "PROMPTFOO_DISABLE_UPDATE": "1",
+            "PROMPTFOO_DISABLE_SHARING": "1",
+            "PROMPTFOO_PYTHON": os.environ.get("PROMPTFOO_PYTHON", sys.executable),
+            "HTTPS_PROXY": proxy,
+            "HTTP_PROXY": proxy,
+            "https_proxy": proxy,
+            "http_proxy": proxy,
+            "NO_PROXY": "",
+            "no_proxy": "",
+        }
+        args = [*command, "eval", "-c", str(config_path), "-o", str(output_path),
+                "--no-cache", "--no-progress-bar", "--no-table", "--no-share"]
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *args, cwd=tmp, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+            )
+        except OSError as err:
+            raise PromptfooCliError(f"cannot run {command[0]}: {err.strerror}") from None
+        # Read both streams in their own tasks, so that what was said survives a timeout.
+        readers = asyncio.gather(process.stdout.read(), process.stderr.read())  # type: ignore[union-attr]
+        try:
+            await asyncio.wait_for(process.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            _kill_group(process.pid)
+            await process.wait()
+            _, stderr = await asyncio.wait_for(readers, 10)
+            raise PromptfooCliError(
+                f"promptfoo eval did not finish within {timeout_s:g}s", stderr.decode("utf-8", "replace")
+            ) from None
+        stdout, stderr = await readers
+        said = (stderr + stdout).decode("utf-8", "replace")
+        if process.returncode not in (0, 100) or not output_path.exists():
+            raise PromptfooCliError(f"promptfoo eval failed with exit code {process.returncode}", said)
+        try:
+            report = json.loads(output_path.read_text())
+        except ValueError:
+            raise PromptfooCliError("promptfoo wrote results that are not JSON", said) from None
+    return parse_results(report, cases)
+
+
+def parse_results(report: dict[str, Any], cases: list[EvalCase]) -> list[EvalResult]:
+    """Map promptfoo's ``-o out.json`` onto one EvalResult per case (matched by ``testIdx``)."""
+    rows = report.get("results", {}).get("results", [])
+    by_index = {row.get("testIdx"): row for row in rows}
+    results = []
+    for index, case in enumerate(cases):
+        row = by_index.get(index)
+        common = {"attempt_id": case.attempt_id, "trajectory_digest": case.trajectory_digest,
+                  "source_trace_id": case.source_trace_id, "backend": "cli"}
+        if row is None:
+            raise PromptfooCliError(f"promptfoo returned no result for test {index} ({case.attempt_id})")
+        if row.get("failureReason") == 2:
+            message = str(row.get("error") or "error").splitlines()[0]
+            results.append(EvalResult(passed=False, score=0.0, reason=message, error=message, **common))
+            continue
+        grading = row.get("gradingResult") or {}
+        results.append(
+            EvalResult(
+                passed=bool(row.get("success")),
+                score=float(row.get("score", grading.get("score", 0.0)) or 0.0),
+                reason=str(grading.get("reason") or row.get("error") or ""),
+                named_scores={k: float(v) for k, v in (row.get("namedScores") or {}).items()},
+                component_results=[
+                    ComponentResult(
+                        passed=bool(c.get("pass")),
+                        score=float(c.get("score") or 0.0),
+                        reason=str(c.get("reason") or ""),
+                        assertion=c.get("assertion"),
+                    )
+                    for c in grading.get("componentResults") or []
+                ],
+                **common,
+            )
+        )
+    return results

@@ -1,0 +1,177 @@
+"""JavaScript value semantics that promptfoo's assertions depend on, done in Python.
+
+Promptfoo compares strings made the JavaScript way: ``String(1.0)`` is ``"1"``,
+``JSON.stringify`` has no spaces, ``parseFloat("0.5abc")`` is 0.5, and deep equality never makes
+``true`` equal ``1``. Getting these right is most of what parity with the real CLI takes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from decimal import Decimal
+from typing import Any
+
+
+def js_number(value: float | int) -> str:
+    """``String(n)`` in JavaScript (ECMAScript Number::toString, radix 10)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and abs(value) < 2**53:
+        return str(value)
+    x = float(value)
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    if x == 0:
+        return "0"
+    sign = "-" if x < 0 else ""
+    # The shortest round-tripping digits (what repr gives), as digits and a decimal exponent.
+    digits_tuple = Decimal(repr(abs(x))).normalize().as_tuple()
+    digits = "".join(str(d) for d in digits_tuple.digits)
+    k = len(digits)
+    n = digits_tuple.exponent + k  # the position of the decimal point
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * (-n) + digits
+    exponent = n - 1
+    mantissa = digits[0] + ("." + digits[1:] if k > 1 else "")
+    return f"{sign}{mantissa}e{'+' if exponent >= 0 else '-'}{abs(exponent)}"
+
+
+def js_string(value: Any) -> str:
+    """``String(value)`` in JavaScript for JSON-like values."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bool, int, float)):
+        return js_number(value)
+    if isinstance(value, list):
+        return ",".join("" if item is None else js_string(item) for item in value)
+    if isinstance(value, dict):
+        return "[object Object]"
+    return str(value)
+
+
+def json_stringify(value: Any) -> str:
+    """``JSON.stringify(value)``: compact, numbers printed the JavaScript way, NaN as null."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return "null" if isinstance(value, float) and not math.isfinite(value) else js_number(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(json_stringify(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{json_stringify(v)}" for k, v in value.items()) + "}"
+    return json.dumps(str(value))
+
+
+def coerce_output(output: Any) -> str:
+    """promptfoo's ``coerceString``: strings as they are, anything else as JSON."""
+    return output if isinstance(output, str) else json_stringify(output)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_parse(text: str) -> Any:
+    """``JSON.parse``: strict JSON (no NaN or Infinity)."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def deep_strict_equal(a: Any, b: Any) -> bool:
+    """Node's ``util.isDeepStrictEqual`` for JSON values: ``true`` never equals ``1``, but
+    ``1`` equals ``1.0`` (one number type); objects compare by keys, regardless of order."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b) or (math.isnan(float(a)) and math.isnan(float(b)))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(deep_strict_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(deep_strict_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+_JS_FLOAT_PREFIX = re.compile(r"^[\s\ufeff\xa0]*([+-]?(?:Infinity|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?))")
+
+
+def js_parse_float(text: str) -> float:
+    """``Number.parseFloat``: the longest numeric prefix, NaN when there is none."""
+    match = _JS_FLOAT_PREFIX.match(text)
+    if not match:
+        return math.nan
+    token = match.group(1)
+    if token.lstrip("+-") == "Infinity":
+        return -math.inf if token.startswith("-") else math.inf
+    return float(token)
+
+
+def js_lower(text: str) -> str:
+    """``String.prototype.toLowerCase`` (full Unicode lower-casing, as Python's ``lower``)."""
+    return text.lower()
+
+
+def utf16_units(text: str) -> list[int]:
+    """The UTF-16 code units of ``text`` (how JavaScript measures strings)."""
+    data = text.encode("utf-16-le", "surrogatepass")
+    return [data[i] | (data[i + 1] << 8) for i in range(0, len(data), 2)]
+
+
+def split_comma_values(value: str) -> list[str]:
+    """promptfoo's CSV-style split of ``contains-any``/``contains-all`` values.
+
+    Quoted fields keep commas (``\\"`` and ``""`` escape a quote); unquoted fields are trimmed;
+    empty fields are dropped.
+
+    Raises:
+        ValueError: an unterminated quote, or text after a closing quote.
+    """
+    results: list[str] = []
+    i, n = 0, len(value)
+    while i < n:
+        while i < n and (value[i].isspace() or value[i] == ","):
+            i += 1
+        if i >= n:
+            break
+        if value[i] == '"':
+            i += 1
+            field, terminated = [], False
+            while i < n:
+                if value[i] == "\\" and i + 1 < n and value[i + 1] in '"\\':
+                    field.append(value[i + 1])
+                    i += 2
+                elif value[i] == '"' and i + 1 < n and value[i + 1] == '"':
+                    field.append('"')
+                    i += 2
+                elif value[i] == '"':
+                    i += 1
+                    terminated = True
+                    break
+                else:
+                    field.append(value[i])
+                    i += 1
+            if not terminated:
+                raise ValueError("Unterminated quoted field in contains assertion value")
+            results.append("".join(field))
+            while i < n and value[i].isspace():
+                i += 1
+            if i < n and value[i] != ",":
+                raise ValueError("Expected comma after quoted field in contains assertion value")
+        else:
+            start = i
+            while i < n and value[i] != ",":
+                i += 1
+            results.append(value[start:i].strip())
+    return results

@@ -1,0 +1,208 @@
+"""Parity: the native backend and the real promptfoo CLI agree on pass, score and ERROR vs FAIL.
+
+All cases go through one ``promptfoo eval`` run (the batch path) and through the native backend;
+each case is then its own test. Latency, cost and trajectory assertions are left out: the CLI
+cannot grade those from a rollout (it measures latency itself and reads trajectories from spans).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from softprobe.promptfoo_adapter import EvalCase, grade_cases
+from softprobe.promptfoo_adapter.cli_backend import find_cli
+
+pytestmark = pytest.mark.promptfoo
+
+A = dict  # an assertion
+
+CASES: list[tuple[str, str, list[dict], float | None]] = []
+
+
+def case(name: str, output: str, assertions: list[dict], threshold: float | None = None) -> None:
+    CASES.append((name, output, assertions, threshold))
+
+
+# contains / icontains, numbers printed the JavaScript way
+for value, output in [(1.0, "total: 1"), (1.0, "total: 1.0"), (0.1, "x 0.1"), (1e21, "1e+21"), (1.5e-7, "1.5e-7"),
+                      (0.00001, "0.00001"), (100, "100"), (0, "0 items"), (-2.5, "-2.5")]:
+    case(f"contains-number-{value!r}-{output}", output, [A(type="contains", value=value)])
+case("contains-plain", "Refund for A-42", [A(type="contains", value="A-42")])
+case("contains-miss", "Refund for A-4", [A(type="contains", value="A-42")])
+case("not-contains", "Refund for A-42", [A(type="not-contains", value="A-43")])
+case("contains-empty-is-error", "anything", [A(type="contains", value="")])
+case("contains-object-is-error", "anything", [A(type="contains", value={"a": 1})])
+case("contains-missing-value-is-error", "anything", [A(type="contains")])
+case("contains-bool-is-error", "true", [A(type="contains", value=True)])
+case("icontains", "REFUND Note", [A(type="icontains", value="refund note")])
+case("icontains-unicode", "STRASSE und Straße", [A(type="icontains", value="straße")])
+case("not-icontains", "Hello", [A(type="not-icontains", value="HELLO")])
+case("contains-template-text", "Agent wrote {{ secret }} and {% raw %}", [A(type="contains", value="{{ secret }}")])
+case("contains-template-in-output-only", "{{ 7*7 }} {% if x %}", [A(type="contains", value="7*7")])
+
+# contains-any / contains-all: CSV-style splitting
+case("any-csv", "apple pie", [A(type="contains-any", value="banana, apple ,cherry")])
+case("any-quoted-comma", "it costs 1,000 dollars", [A(type="contains-any", value='"1,000", "2,000"')])
+case("any-quoted-escape", 'say "hi"', [A(type="contains-any", value='"say \\"hi\\""')])
+case("any-doubled-quote", 'say "hi"', [A(type="contains-any", value='"say ""hi"""')])
+case("any-empty-fields", "b", [A(type="contains-any", value=" , ,a,, b ,")])
+case("any-unterminated-is-error", "x", [A(type="contains-any", value='"abc, d')])
+case("any-text-after-quote-is-error", "x", [A(type="contains-any", value='"a" b, c')])
+case("any-array", "7 apples", [A(type="contains-any", value=[7, "pears"])])
+case("any-empty-array-fails", "x", [A(type="contains-any", value=[])])
+case("any-number-is-error", "5", [A(type="contains-any", value=5)])
+case("any-zero-is-error", "0", [A(type="contains-any", value=0)])
+case("all-pass", "red green blue", [A(type="contains-all", value="red,green")])
+case("all-miss", "red green", [A(type="contains-all", value=["red", "blue"])])
+case("all-empty-array-passes", "x", [A(type="contains-all", value=[])])
+case("not-all", "red green", [A(type="not-contains-all", value=["red", "blue"])])
+case("icontains-any", "HELLO", [A(type="icontains-any", value="world, hello")])
+case("icontains-all", "Alpha BETA", [A(type="icontains-all", value=["alpha", "beta"])])
+case("not-icontains-any", "HELLO", [A(type="not-icontains-any", value=["hello"])])
+
+# equals
+case("equals-exact", "done", [A(type="equals", value="done")])
+case("equals-whitespace", "done\n", [A(type="equals", value="done")])
+case("equals-case", "Done", [A(type="equals", value="done")])
+case("equals-number", "42", [A(type="equals", value=42)])
+case("equals-float-js", "1", [A(type="equals", value=1.0)])
+case("equals-object", '{"b": 2, "a": 1}', [A(type="equals", value={"a": 1, "b": 2})])
+case("equals-object-float", '{"a": 1.0}', [A(type="equals", value={"a": 1})])
+case("equals-bool-vs-number", '{"a": 1}', [A(type="equals", value={"a": True})])
+case("equals-array", "[1, 2, 3]", [A(type="equals", value=[1, 2, 3])])
+case("equals-array-order", "[1, 3, 2]", [A(type="equals", value=[1, 2, 3])])
+case("equals-object-not-json", "not json", [A(type="equals", value={"a": 1})])
+case("not-equals-object-not-json", "not json", [A(type="not-equals", value={"a": 1})])
+case("not-equals", "x", [A(type="not-equals", value="y")])
+case("equals-null", "null", [A(type="equals", value=None)])
+
+# starts-with
+case("starts-with", "Hello world", [A(type="starts-with", value="Hello")])
+case("starts-with-miss", " Hello", [A(type="starts-with", value="Hello")])
+case("not-starts-with", "Hello", [A(type="not-starts-with", value="Bye")])
+case("starts-with-empty-is-error", "x", [A(type="starts-with", value="")])
+case("starts-with-number-is-error", "1x", [A(type="starts-with", value=1)])
+
+# regex: ECMAScript, not Python
+case("regex-basic", "order 123", [A(type="regex", value=r"\d+")])
+case("regex-dollar-trailing-newline", "abc\n", [A(type="regex", value="abc$")])
+case("regex-unicode-digit", "٣", [A(type="regex", value=r"^\d$")])
+case("regex-unicode-word", "é", [A(type="regex", value=r"^\w$")])
+case("regex-inline-flag-fails", "x", [A(type="regex", value="(?i)X")])
+case("not-regex-invalid-still-fails", "x", [A(type="not-regex", value="(?i)X")])
+case("regex-lookbehind", "price: $5", [A(type="regex", value=r"(?<=\$)\d")])
+case("regex-named-group", "ab", [A(type="regex", value=r"(?<first>a)b")])
+case("regex-caret-no-multiline", "x\nfoo", [A(type="regex", value="^foo")])
+case("regex-backslash-p-no-u", "p{L}", [A(type="regex", value=r"^\p{L}$")])
+case("regex-search-anywhere", "xxabcxx", [A(type="regex", value="abc")])
+case("not-regex", "abc", [A(type="not-regex", value="^z")])
+case("regex-empty-is-error", "x", [A(type="regex", value="")])
+
+# is-json / contains-json
+case("is-json", '{"a": [1, 2]}', [A(type="is-json")])
+case("is-json-nan", "NaN", [A(type="is-json")])
+case("is-json-trailing-comma", '{"a": 1,}', [A(type="is-json")])
+case("is-json-scalar", "42", [A(type="is-json")])
+case("is-json-schema-ok", '{"id": "A-42"}', [A(type="is-json", value={"type": "object", "required": ["id"]})])
+case("is-json-schema-fail", '{"id": 42}', [A(type="is-json", value={"type": "object", "properties": {"id": {"type": "string"}}})])
+case("is-json-yaml-schema", '{"n": 3}', [A(type="is-json", value="type: object\nproperties:\n  n: {type: integer, minimum: 5}\n")])
+case("not-is-json", "plain", [A(type="not-is-json")])
+case("is-json-number-value-is-error", "{}", [A(type="is-json", value=7)])
+case("contains-json", 'Result: {"ok": true} done', [A(type="contains-json")])
+case("contains-json-none", "no braces here", [A(type="contains-json")])
+case("contains-json-schema", 'a {"x": 1} b {"y": "s"}', [A(type="contains-json", value={"required": ["y"]})])
+case("not-contains-json", "plain text", [A(type="not-contains-json")])
+
+# levenshtein counts UTF-16 code units
+case("lev-close", "kitten", [A(type="levenshtein", value="sitting")])
+case("lev-far", "kitten", [A(type="levenshtein", value="sitting", threshold=2)])
+case("lev-emoji", "😀", [A(type="levenshtein", value="", threshold=1)])
+case("lev-emoji-2", "😀", [A(type="levenshtein", value="", threshold=2)])
+case("not-lev", "abc", [A(type="not-levenshtein", value="abd", threshold=0)])
+case("lev-number-is-error", "1", [A(type="levenshtein", value=1)])
+
+# rouge-n, bleu: scores, and 1 - score under not-
+case("rouge-same", "The cat sat on the mat", [A(type="rouge-n", value="the cat sat on the mat")])
+case("rouge-partial", "the cat", [A(type="rouge-n", value="the cat sat on the mat")])
+case("rouge-punct", "Hello, world! It's fine.", [A(type="rouge-n", value="hello world it is fine", threshold=0.3)])
+case("not-rouge", "the cat", [A(type="not-rouge-n", value="the cat sat on the mat")])
+case("rouge-number-is-error", "x", [A(type="rouge-n", value=3)])
+case("bleu-same", "the cat sat on the mat", [A(type="bleu", value="the cat sat on the mat")])
+case("bleu-short", "the cat", [A(type="bleu", value="the cat sat on the mat")])
+case("bleu-refs", "a b c d e", [A(type="bleu", value=["a b c d x", "a b c d e f"])])
+case("not-bleu", "the cat", [A(type="not-bleu", value="the cat sat on the mat")])
+case("bleu-number-is-error", "x", [A(type="bleu", value=5)])
+
+# python
+case("python-bool", "hello", [A(type="python", value="output.startswith('he')")])
+case("python-false", "hello", [A(type="python", value="len(output) > 10")])
+case("python-number", "abc", [A(type="python", value="len(output) / 10")])
+case("python-number-threshold", "abc", [A(type="python", value="len(output) / 10", threshold=0.5)])
+case("python-dict", "abc", [A(type="python", value="{'pass': True, 'score': 0.25, 'reason': 'partial'}")])
+case("python-multiline", "a,b,c", [A(type="python", value="parts = output.split(',')\nreturn len(parts) == 3")])
+case("python-raises", "x", [A(type="python", value="1/0")])
+case("python-none", "x", [A(type="python", value="None")])
+case("python-string-true", "x", [A(type="python", value="'true'")])
+case("not-python", "x", [A(type="not-python", value="output == 'x'")])
+
+# weights, metrics, thresholds, sets
+case("weights", "abc", [A(type="contains", value="a", weight=3), A(type="contains", value="z", weight=1)])
+case("weight-zero-forced-pass", "abc", [A(type="contains", value="z", weight=0), A(type="contains", value="a")])
+case("all-weights-zero", "abc", [A(type="contains", value="z", weight=0)])
+case("threshold-met", "abc", [A(type="contains", value="a"), A(type="contains", value="z")], 0.5)
+case("threshold-missed", "abc", [A(type="contains", value="a"), A(type="contains", value="z"), A(type="contains", value="y")], 0.5)
+case("threshold-zero", "abc", [A(type="contains", value="z")], 0.0)
+case("metrics", "abc", [A(type="contains", value="a", metric="m"), A(type="contains", value="z", metric="m")])
+case("set-threshold", "abc", [A(type="assert-set", threshold=0.5, assert_=[A(type="contains", value="a"), A(type="contains", value="z")])])
+case("set-fails", "abc", [A(type="assert-set", assert_=[A(type="contains", value="a"), A(type="contains", value="z")])])
+case("set-weighted", "abc", [A(type="contains", value="a"), A(type="assert-set", weight=3, assert_=[A(type="contains", value="z"), A(type="contains", value="b")])])
+case("set-error-inside", "abc", [A(type="assert-set", assert_=[A(type="contains", value="")])])
+case("no-assertions", "abc", [])
+case("mixed-error-and-fail", "abc", [A(type="contains", value="z"), A(type="starts-with", value="")])
+
+
+def _assertions(raw: list[dict]) -> list[dict]:
+    out = []
+    for a in raw:
+        a = dict(a)
+        if "assert_" in a:
+            a["assert"] = _assertions(a.pop("assert_"))
+        out.append(a)
+    return out
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> dict[str, tuple]:
+    if find_cli() is None:
+        message = "the promptfoo CLI is not installed (bash .ci/setup test installs promptfoo@0.121)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the parity suite, but {message}", pytrace=False)
+        pytest.skip(message)
+    file_case = tmp_path_factory.mktemp("py") / "check.py"
+    file_case.write_text("def get_assert(output, context):\n    return {'pass': 'A-42' in output, 'score': 0.75, 'reason': 'file'}\n")
+    cases = [
+        EvalCase(attempt_id=name, final_output=output, assertions=_assertions(assertions), threshold=threshold)
+        for name, output, assertions, threshold in CASES
+    ]
+    cases.append(EvalCase(attempt_id="python-file", final_output="about A-42",
+                          assertions=[{"type": "python", "value": f"file://{file_case}"}]))
+    native = asyncio.run(grade_cases(cases, backend="native"))
+    cli = asyncio.run(grade_cases(cases, backend="cli"))
+    return {c.attempt_id: (n, k) for c, n, k in zip(cases, native, cli)}
+
+
+def test_there_are_at_least_80_parity_cases():
+    assert len(CASES) + 1 >= 80
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES] + ["python-file"])
+def test_native_and_cli_agree(graded, name):
+    native, cli = graded[name]
+    assert (native.error is None) == (cli.error is None), (native, cli)
+    assert native.passed == cli.passed, (native, cli)
+    assert native.score == pytest.approx(cli.score, abs=1e-9), (native, cli)
+    assert native.backend == "native" and cli.backend == "cli"
