@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import ready, tool
+from helpers import processes, ready, tool
 from softprobe.gym import EpisodeState, InvalidActionError
 
 pytestmark = pytest.mark.docker
@@ -84,16 +84,16 @@ async def test_a_timeout_kills_the_command_and_everything_it_started(host):
     assert result.error.type == "timeout"
     assert "killed" in result.error.message
     assert result.diagnostics["command_ms"] < 10_000
-    survivors = await host.step(episode_id=episode_id, action=tool("shell.exec", command="ps -eo args"))
-    assert "sleep 30" not in survivors.observation, survivors.observation
+    survivors = await processes(host, episode_id)
+    assert "sleep 30" not in survivors, survivors
 
 
 async def test_background_processes_do_not_outlive_their_step(host):
     episode_id = await ready(host)
     quick = await host.step(episode_id=episode_id, action=tool("shell.exec", command="sleep 120 & echo bg"))
     assert quick.observation == "bg\n" and quick.diagnostics["command_ms"] < 5_000
-    after = await host.step(episode_id=episode_id, action=tool("shell.exec", command="ps -eo args"))
-    assert "sleep 120" not in after.observation
+    after = await processes(host, episode_id)
+    assert "sleep 120" not in after, after
 
 
 async def test_output_is_capped_with_a_visible_marker(tmp_path, seed_root, docker_engine):
