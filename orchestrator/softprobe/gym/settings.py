@@ -33,6 +33,10 @@ class ContainerSettings(BaseModel):
         cpus: CPU quota in cores.
         pids_limit: most processes and threads at once; stops fork bombs.
         nofile: open-file limit (soft = hard).
+        max_file_size: largest file a process may write (bytes or a size like ``"1g"``; the
+            ``fsize`` ulimit). A write beyond it fails with ``file_too_large``.
+        tmp_size: ``/tmp`` is a tmpfs of this size (counted in the memory limit, not captured
+            by checkpoints); ``None`` leaves ``/tmp`` in the container's filesystem.
         user: user to run the shim and tools as. ``None`` uses the image's ``USER`` (our images
             use ``agent``, uid 1000). Set ``"0"`` only if tools truly need root.
         drop_capabilities: drop every Linux capability (default). ``False`` keeps Docker's
@@ -52,6 +56,8 @@ class ContainerSettings(BaseModel):
     cpus: float = Field(default=1.0, gt=0)
     pids_limit: int = Field(default=256, ge=16)
     nofile: int = Field(default=1024, ge=64)
+    max_file_size: int | str = "1g"
+    tmp_size: str | None = "256m"
     user: str | None = None
     drop_capabilities: bool = True
     cap_add: tuple[str, ...] = ()
@@ -62,8 +68,34 @@ class ContainerSettings(BaseModel):
     @field_validator("memory")
     @classmethod
     def _memory_is_positive(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 16 * 1024 * 1024:
+        if parse_size(value) < 16 * 1024 * 1024:
             raise ValueError("memory must be at least 16 MiB")
-        if isinstance(value, str) and not value.strip():
-            raise ValueError("memory must be a size such as '1g'")
         return value
+
+    @field_validator("max_file_size")
+    @classmethod
+    def _file_size_is_a_size(cls, value: int | str) -> int | str:
+        if parse_size(value) < 1024 * 1024:
+            raise ValueError("max_file_size must be at least 1 MiB")
+        return value
+
+    @field_validator("tmp_size")
+    @classmethod
+    def _tmp_size_is_a_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_size(value)
+        return value
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes in ``value``: an int, or a Docker-style size (``"512m"``, ``"1g"``, ``"64k"``)."""
+    if isinstance(value, int):
+        return value
+    text = value.strip().lower().rstrip("b")
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+    try:
+        if text and text[-1] in units:
+            return int(float(text[:-1]) * units[text[-1]])
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a size such as '512m' or '1g'") from None

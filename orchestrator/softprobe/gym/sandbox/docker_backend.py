@@ -23,6 +23,7 @@ import docker
 import docker.errors
 import requests.exceptions
 from docker.types import Ulimit
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from .. import labels as L
 from ..errors import (
@@ -33,7 +34,7 @@ from ..errors import (
     SandboxStartError,
 )
 from ..results import SkippedMember
-from ..settings import ContainerSettings
+from ..settings import ContainerSettings, parse_size
 from .archive import build_seed_archive, safe_extract
 from .attach_channel import AttachChannel
 from .base import Sandbox, SandboxBackend, SandboxSpec, SweepReport
@@ -61,23 +62,39 @@ def connect_docker(docker_host: str | None = None, *, pool_size: int = 64) -> do
     """A Docker client for ``docker_host``, else ``DOCKER_HOST``, else the current Docker context
     (how Docker Desktop points the CLI at its socket), else the default socket.
 
+    Connecting is retried briefly on transient errors (an engine restarting or a proxy in
+    between); a unix socket that does not exist fails at once.
+
     Raises:
         DockerUnavailableError: nothing answers there.
     """
     base_url = docker_host or os.environ.get("DOCKER_HOST") or _context_host()
-    try:
+    where = base_url or "the default socket (/var/run/docker.sock)"
+    socket_path = (base_url or "unix:///var/run/docker.sock").removeprefix("unix://")
+    missing_socket = (base_url is None or base_url.startswith("unix://")) and not os.path.exists(socket_path)
+
+    @retry(
+        retry=retry_if_exception(lambda err: not missing_socket and isinstance(
+            err, (docker.errors.DockerException, requests.exceptions.RequestException))),
+        wait=wait_random_exponential(multiplier=0.1, max=1.0),
+        stop=stop_after_delay(8),
+        reraise=True,
+    )
+    def connect() -> docker.DockerClient:
         if base_url:
             client = docker.DockerClient(base_url=base_url, max_pool_size=pool_size, timeout=120)
         else:
             client = docker.from_env(max_pool_size=pool_size, timeout=120)
         client.ping()
+        return client
+
+    try:
+        return connect()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
-        where = base_url or "the default socket (/var/run/docker.sock)"
         raise DockerUnavailableError(
             f"no Docker engine answers at {where}: {err}. Start Docker (Docker Desktop, or "
             "`dockerd`), or point DOCKER_HOST / `docker context use` at a running engine."
         ) from None
-    return client
 
 
 def _context_host() -> str | None:
@@ -379,12 +396,16 @@ def _host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
         "ulimits": [
             Ulimit(name="nofile", soft=settings.nofile, hard=settings.nofile),
             Ulimit(name="core", soft=0, hard=0),
+            Ulimit(name="fsize", soft=parse_size(settings.max_file_size), hard=parse_size(settings.max_file_size)),
         ],
         # The protocol runs over attach, which does not depend on logs; the shim's stderr is kept
         # by the host (a bounded tail). So container logs cannot grow at all.
         "log_config": {"type": "none", "config": {}},
         "security_opt": ["no-new-privileges:true"] if settings.no_new_privileges else [],
     }
+    if settings.tmp_size is not None:
+        # Bounded scratch space; tmpfs pages count against the container's memory limit.
+        kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={settings.tmp_size},mode=1777"}
     if settings.drop_capabilities:
         kwargs["cap_drop"] = ["ALL"]
     if settings.cap_add:

@@ -335,6 +335,8 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
         "output_bytes": output.total,
         "output_truncated": output.truncated,
     }
+    if timed_out or exit_code != 0:
+        diagnostics["output"] = output.text()  # what it printed before it failed
     if timed_out:
         raise ToolError(
             "timeout",
@@ -350,6 +352,13 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
             "out_of_memory",
             "a process of the command was killed by the out-of-memory killer (the container's "
             "memory limit was reached)",
+            diagnostics,
+        )
+    if exit_code in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
+        raise ToolError(
+            "file_too_large",
+            "a process of the command tried to write a file larger than the container's limit "
+            "(max_file_size) and was stopped",
             diagnostics,
         )
     if exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL) and oom_before is None:
@@ -593,7 +602,7 @@ class Shim:
             raise ToolError(
                 "command_failed",
                 "exit code %d%s" % (exit_code, (": " + _last_line(text)) if text else ""),
-                dict(diagnostics, output=text),
+                diagnostics,
             )
         return text, diagnostics, None
 
