@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from helpers import SUPPORT_DESK
@@ -104,6 +104,7 @@ async def _make_host(run_root: Path, seed: Path) -> Any:
 @pytest.mark.docker
 @settings(max_examples=ACTION_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(action=actions)
+@example(action={"type": "tool", "name": "shell.exec", "args": {"command": "\x00"}})  # found by this fuzz
 def test_random_actions_never_crash_the_host_or_the_shim(fuzz_episode, action):
     host, run, outcomes = fuzz_episode
     try:

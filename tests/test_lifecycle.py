@@ -81,6 +81,7 @@ async def test_reset_of_a_running_episode_starts_a_fresh_container_from_the_seed
     await host.step(episode_id=episode_id, action=tool("fs.write", path="scratch.txt", content="x"))
     again = await host.reset(episode_id=episode_id)
     assert "scratch.txt" not in again.observation["workspace_files"]
+    await host.settle()  # the old container is removed in the background
     ids = [c.id for c in containers_of(host)]
     assert ids and first_container not in ids and len(ids) == 1
     assert host.trajectory(episode_id=episode_id) == []

@@ -168,3 +168,70 @@ def test_declared_tool_arguments_are_checked_against_the_manifest_schema():
     for bad, message in [({}, "missing"), ({"id": 42}, "type string"), ({"id": "x", "y": 1}, "unexpected")]:
         with pytest.raises(shim.ToolError, match=message):
             shim._check_schema(bad, schema)
+
+
+def tracked_shim(tmp_path, mode="inotify"):
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    for d in range(5):
+        (workspace / f"d{d}").mkdir(exist_ok=True)
+        for f in range(20):
+            (workspace / f"d{d}" / f"f{f}.txt").write_text(f"{d}-{f}")
+    return workspace, shim.Shim(str(workspace), str(tmp_path / "none.json"), mode)
+
+
+def test_inotify_reports_exactly_what_a_process_changed(tmp_path):
+    workspace, s = tracked_shim(tmp_path)
+    assert s.hello()["digest_mode"] == "inotify"
+    (workspace / "d1" / "f3.txt").write_text("changed")
+    (workspace / "d2" / "f0.txt").unlink()
+    (workspace / "new").mkdir()
+    (workspace / "new" / "inner").mkdir()
+    (workspace / "new" / "inner" / "x.txt").write_text("x")
+    changed = s.refresh(None)
+    assert changed == ["d1/f3.txt", "d2/f0.txt", "new", "new/inner", "new/inner/x.txt"]
+    assert s.index.digest == digest(workspace)
+    (workspace / "new" / "inner" / "x.txt").write_text("watched now")
+    assert s.refresh(None) == ["new/inner/x.txt"] and s.index.digest == digest(workspace)
+
+
+def test_a_renamed_directory_falls_back_to_a_full_rescan(tmp_path):
+    workspace, s = tracked_shim(tmp_path)
+    (workspace / "d0").rename(workspace / "moved")
+    changed = s.refresh(None)
+    assert "moved/f1.txt" in changed and "d0/f1.txt" in changed
+    assert s.index.digest == digest(workspace)
+    (workspace / "moved" / "f1.txt").write_text("after the rename")
+    assert s.refresh(None) == ["moved/f1.txt"]
+
+
+def test_scan_mode_needs_no_inotify_and_agrees(tmp_path):
+    workspace, s = tracked_shim(tmp_path, mode="scan")
+    assert s.hello()["digest_mode"] == "scan"
+    (workspace / "d4" / "f4.txt").write_text("changed")
+    assert s.refresh(None) == ["d4/f4.txt"] and s.index.digest == digest(workspace)
+
+
+def test_seed_op_writes_files_as_the_shim_user_and_rescans(tmp_path):
+    import base64
+    import io
+    import tarfile
+
+    workspace, s = tracked_shim(tmp_path)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("seeded/run.sh")
+        data = b"#!/bin/sh\n"
+        info.size, info.mode = len(data), 0o750
+        archive.addfile(info, io.BytesIO(data))
+    hello = s.handle({"op": "seed", "archive": base64.b64encode(buffer.getvalue()).decode()})
+    assert "seeded/run.sh" in hello["workspace_files"]
+    assert (workspace / "seeded" / "run.sh").stat().st_mode & 0o777 == 0o750
+    assert hello["workspace_digest"] == digest(workspace)
+    bad = io.BytesIO()
+    with tarfile.open(fileobj=bad, mode="w") as archive:
+        info = tarfile.TarInfo("../escape")
+        archive.addfile(info, io.BytesIO(b""))
+    with pytest.raises(shim.ProtocolError):
+        s.handle({"op": "seed", "archive": base64.b64encode(bad.getvalue()).decode()})
+    assert not (tmp_path / "escape").exists()

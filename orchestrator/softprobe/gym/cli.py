@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
             "the speedup; cleans up after itself."
         ),
     )
-    bench.add_argument("--image", default="softprobe/base:latest", help="image to measure on (default: %(default)s)")
+    bench.add_argument("--image", default="softprobe/support-desk:latest", help="image to measure on (default: %(default)s)")
     bench.add_argument("--quick", action="store_true", help="fewer samples (well under a minute)")
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.set_defaults(run=_run_bench)

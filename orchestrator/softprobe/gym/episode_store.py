@@ -36,6 +36,7 @@ class EpisodeStore:
     """Reads and writes one episode's folder."""
 
     def __init__(self, run_root: Path, episode_id: str) -> None:
+        self._log: Any = None  # the open trajectory file
         self.dir = run_root / "episodes" / episode_id
         self.trajectory_path = self.dir / "trajectory.jsonl"
         self.result_path = self.dir / "result.json"
@@ -45,18 +46,27 @@ class EpisodeStore:
     def create(self, record: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.write_record(record)
-        self.trajectory_path.write_text("")
+        self.start_trajectory()
 
     def write_record(self, record: dict[str, Any]) -> None:
         _atomic_write(self.record_path, json.dumps(record, indent=2, default=str))
 
     def start_trajectory(self) -> None:
         """A reset starts the action log over."""
-        self.trajectory_path.write_text("")
+        self.close_trajectory()
+        self._log = open(self.trajectory_path, "w", encoding="utf-8")
 
     def append_step(self, step: StepResult) -> None:
-        with open(self.trajectory_path, "a", encoding="utf-8") as f:
-            f.write(step.model_dump_json() + "\n")
+        """Append one line and flush it, so a crashed process leaves a readable log."""
+        if self._log is None:
+            self._log = open(self.trajectory_path, "a", encoding="utf-8")
+        self._log.write(step.model_dump_json() + "\n")
+        self._log.flush()
+
+    def close_trajectory(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def write_result(self, result_json: str) -> None:
         _atomic_write(self.result_path, result_json)
@@ -65,6 +75,7 @@ class EpisodeStore:
         shutil.rmtree(self.workspace_path, ignore_errors=True)
 
     def remove(self) -> None:
+        self.close_trajectory()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -36,6 +36,7 @@ from .errors import (
 from .fork import ForkLineage, ForkPath, ForkResult, check_fork_path, check_prefix_length
 from .hooks import OnStepHook, StepContext, call_hook
 from .lifecycle import require
+from .pool import WarmPool
 from .results import (
     CheckpointRecord,
     EpisodeHandle,
@@ -64,6 +65,7 @@ class _Episode:
     workspace_digest: str = ""
     broken: str | None = None
     checkpoints: list[str] = field(default_factory=list)  # made from this episode
+    holds_slot: bool = False  # counts against max_containers
     source_checkpoint: str | None = None  # the checkpoint its container was started from
     lineage: ForkLineage | None = None
     max_steps: int | None = None  # overrides the host's limit
@@ -108,6 +110,9 @@ class HostEnvironment:
         max_steps: int | None,
         backend: SandboxBackend,
         sweep_on_start: bool,
+        pool_size: int = 0,
+        max_containers: int | None = None,
+        workspace_tracking: str = "inotify",
     ) -> None:
         self.run_root = run_root
         self.seed_root = seed_root
@@ -125,8 +130,17 @@ class HostEnvironment:
         self._episodes: dict[str, _Episode] = {}
         self._checkpoints: dict[str, _Checkpoint] = {}
         self._sweep_pending = sweep_on_start
+        self.workspace_tracking = workspace_tracking
+        self.max_containers = max_containers
+        # Episodes holding a container, at most max_containers at once (the pool is extra).
+        self._slots = asyncio.Semaphore(max_containers) if max_containers else None
+        self.pool: WarmPool | None = None
+        if pool_size > 0:
+            pool_spec = self._spec(labels=self._labels("") | {L.POOL: "true"}, seed=False)
+            self.pool = WarmPool(backend, pool_spec, pool_size)
         self._sweep_lock = asyncio.Lock()
         self._collect_lock = asyncio.Lock()  # concurrent destroys must not race over images
+        self._retiring: set[asyncio.Future[None]] = set()  # containers being removed in the background
         self._closed = False
 
     # -- context manager -----------------------------------------------------------------------
@@ -200,15 +214,14 @@ class HostEnvironment:
         async with episode.lock:
             require(episode_id, episode.state, "reset")
             started = time.perf_counter()
-            await self._drop_sandbox(episode)
-            sandbox = await self._backend.start(
-                SandboxSpec(
-                    image=self.image,
-                    settings=self.container_settings,
-                    labels=self._labels(episode_id),
-                    seed_root=self.seed_root,
-                )
-            )
+            # The old container goes in the background: nothing waits for its removal.
+            await self._drop_sandbox(episode, background=True)
+            await self._hold_slot(episode)
+            try:
+                sandbox = await self._start_for(episode_id)
+            except BaseException:
+                self._release_slot(episode)
+                raise
             if episode.state is EpisodeState.DESTROYED:  # destroyed while the container started
                 await sandbox.remove()
                 require(episode_id, episode.state, "reset")
@@ -435,13 +448,9 @@ class HostEnvironment:
         async with child.lock:
             entry.users.add(child.episode_id)
             child.source_checkpoint = record.checkpoint_id
+            await self._hold_slot(child)
             sandbox = await self._backend.start(
-                SandboxSpec(
-                    image=record.image_id,
-                    settings=self.container_settings,
-                    labels=self._labels(child.episode_id),
-                    copy_seed=False,
-                )
+                self._spec(labels=self._labels(child.episode_id), seed=False, image=record.image_id)
             )
             child.sandbox = sandbox
             if sandbox.hello.workspace_digest != record.workspace_digest:
@@ -546,7 +555,8 @@ class HostEnvironment:
                 skipped_paths=skipped,
             )
             store.write_result(result.model_dump_json(indent=2))
-            await self._drop_sandbox(episode)
+            store.close_trajectory()
+            await self._drop_sandbox(episode, release=True)
             episode.state = EpisodeState.FINALIZED
             store.write_record(self._record(episode))
             return result
@@ -566,7 +576,7 @@ class HostEnvironment:
         episode = self._get(episode_id)
         if episode.state is not EpisodeState.DESTROYED:
             episode.state = EpisodeState.DESTROYED
-            await self._drop_sandbox(episode)
+            await self._drop_sandbox(episode, release=True)
             # Containers a failed start may have left behind carry the episode's labels too.
             await self._backend.remove_labelled(
                 {L.EPISODE: episode_id, L.HOST: self.host_id}
@@ -576,6 +586,7 @@ class HostEnvironment:
                 if entry is not None:
                     entry.released = True
             await self._collect_checkpoints()
+            episode.store.close_trajectory()
             if not cleanup:
                 episode.store.write_record(self._record(episode))
         if cleanup:
@@ -599,6 +610,9 @@ class HostEnvironment:
                 ),
                 return_exceptions=True,
             )
+            if self.pool is not None:
+                await self.pool.close()
+            await asyncio.gather(*list(self._retiring), return_exceptions=True)
             await self._backend.remove_labelled({L.HOST: self.host_id})
             await self._collect_checkpoints()
         finally:
@@ -664,14 +678,66 @@ class HostEnvironment:
                 episode.episode_id, "destroyed", "step", "it was destroyed while the step ran"
             )
         episode.broken = reason
-        await self._drop_sandbox(episode)
+        await self._drop_sandbox(episode, release=True)
         episode.store.write_record(self._record(episode))
         return EpisodeBrokenError(episode.episode_id, reason)
 
-    async def _drop_sandbox(self, episode: _Episode) -> None:
+    async def settle(self) -> None:
+        """Wait until containers that ``reset`` retired in the background are removed."""
+        while self._retiring:
+            await asyncio.gather(*list(self._retiring), return_exceptions=True)
+
+    async def warm_up(self) -> None:
+        """Fill the warm pool now (``pool_size``), instead of on the first reset."""
+        if self.pool is not None:
+            await self._sweep_once()
+            await self.pool.wait_ready()
+
+    def _spec(self, *, labels: dict[str, str], seed: bool, image: str | None = None) -> SandboxSpec:
+        return SandboxSpec(
+            image=image or self.image,
+            settings=self.container_settings,
+            labels=labels,
+            seed_root=self.seed_root if seed else None,
+            # A fresh workspace (seeded now, or later by the pool's taker) unless the image is a
+            # checkpoint that already holds one.
+            copy_seed=seed or image is None,
+            digest_mode=self.workspace_tracking,
+        )
+
+    async def _start_for(self, episode_id: str) -> Sandbox:
+        """A fresh sandbox with the seed files: from the warm pool if one is ready, else cold."""
+        if self.pool is not None:
+            sandbox = self.pool.take()
+            if sandbox is not None:
+                try:
+                    await sandbox.seed(self.seed_root)
+                    return sandbox
+                except BaseException:
+                    await asyncio.shield(sandbox.remove())
+                    raise
+        return await self._backend.start(self._spec(labels=self._labels(episode_id), seed=True))
+
+    async def _hold_slot(self, episode: _Episode) -> None:
+        if self._slots is not None and not episode.holds_slot:
+            await self._slots.acquire()
+            episode.holds_slot = True
+
+    def _release_slot(self, episode: _Episode) -> None:
+        if self._slots is not None and episode.holds_slot:
+            episode.holds_slot = False
+            self._slots.release()
+
+    async def _drop_sandbox(self, episode: _Episode, *, release: bool = False, background: bool = False) -> None:
         sandbox, episode.sandbox = episode.sandbox, None
-        if sandbox is not None:
+        if sandbox is not None and background:
+            task = asyncio.ensure_future(sandbox.remove())
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        elif sandbox is not None:
             await sandbox.remove()
+        if release:
+            self._release_slot(episode)
         source, episode.source_checkpoint = episode.source_checkpoint, None
         if source is not None and source in self._checkpoints:
             self._checkpoints[source].users.discard(episode.episode_id)
@@ -744,6 +810,9 @@ def create_host_environment(
     docker_host: str | None = None,
     backend: SandboxBackend | None = None,
     sweep_on_start: bool = True,
+    pool_size: int = 0,
+    max_containers: int | None = None,
+    workspace_tracking: str = "inotify",
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own Docker container.
 
@@ -769,6 +838,13 @@ def create_host_environment(
         backend: a custom :class:`SandboxBackend` (tests, other providers).
         sweep_on_start: on first use, remove containers and images left by host processes of
             this machine that are gone.
+        pool_size: keep this many containers started ahead (a warm pool): a reset then only
+            copies the seed files into one. Each pooled container serves one episode only.
+        max_containers: at most this many episodes hold a container at once; further resets
+            wait for a finalize or destroy (the warm pool comes on top).
+        workspace_tracking: how the shim keeps ``workspace_digest`` current: ``"inotify"``
+            (default: cost in proportion to what changed; misses writes made through ``mmap``)
+            or ``"scan"`` (re-read the whole workspace after each process: exact, slower).
 
     Raises:
         ConfigurationError: an argument is invalid (the message says which and why).
@@ -807,6 +883,12 @@ def create_host_environment(
         raise ConfigurationError("max_steps must be at least 1")
     if on_step is not None and not callable(on_step):
         raise ConfigurationError("on_step must be callable")
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
+        raise ConfigurationError("pool_size must be an int >= 0")
+    if max_containers is not None and (not isinstance(max_containers, int) or max_containers < 1):
+        raise ConfigurationError("max_containers must be a positive int or None")
+    if workspace_tracking not in ("inotify", "scan"):
+        raise ConfigurationError("workspace_tracking must be 'inotify' or 'scan'")
     if backend is None:
         from .sandbox.docker_backend import DockerBackend
 
@@ -825,6 +907,9 @@ def create_host_environment(
         max_steps=max_steps,
         backend=backend,
         sweep_on_start=sweep_on_start,
+        pool_size=pool_size,
+        max_containers=max_containers,
+        workspace_tracking=workspace_tracking,
     )
 
 

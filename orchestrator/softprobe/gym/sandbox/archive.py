@@ -22,11 +22,14 @@ def build_seed_archive(
     gid: int,
     extra: dict[str, bytes] | None = None,
     workspace: bool = True,
+    prefix: str = "workspace/",
 ) -> bytes:
     """A tar to extract at ``/``: ``workspace/`` owned by ``uid:gid`` with the seed files in it.
 
     Regular files, directories and symlinks are copied with their permission bits; other file
     types are skipped. ``extra`` maps absolute container paths to root-owned files (the shim).
+    ``workspace=False`` leaves out the ``workspace/`` entry; ``prefix=""`` makes member names
+    relative to the workspace (for the shim's ``seed`` op).
     """
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
@@ -35,7 +38,7 @@ def build_seed_archive(
         if seed_root is not None:
             for path in sorted(_walk(seed_root)):
                 rel = path.relative_to(seed_root).as_posix()
-                member = archive.gettarinfo(str(path), arcname=f"workspace/{rel}")
+                member = archive.gettarinfo(str(path), arcname=f"{prefix}{rel}")
                 member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
                 if member.isreg():
                     with open(path, "rb") as f:

@@ -28,6 +28,7 @@ class SandboxSpec(BaseModel):
     labels: dict[str, str]
     seed_root: Path | None = None
     copy_seed: bool = True  # False: the image already holds the workspace (a checkpoint)
+    digest_mode: str = "inotify"  # how the shim tracks workspace changes: "inotify" or "scan"
 
 
 class Sandbox(ABC):
@@ -53,6 +54,13 @@ class Sandbox(ABC):
         Raises:
             SandboxLostError: the container or shim died, or no answer came within
                 ``timeout_s`` plus a grace period. The sandbox is unusable afterwards.
+        """
+
+    @abstractmethod
+    async def seed(self, seed_root: Path | None) -> HelloResult:
+        """Copy ``seed_root`` into the workspace of this started sandbox; return the new hello.
+
+        Used on containers started without seed files (the warm pool).
         """
 
     @abstractmethod

@@ -49,6 +49,8 @@ WORKSPACE = "/workspace"
 HELLO_TIMEOUT_S = 60.0
 #: overlay2 refuses more than ~125 layers; a commit that would reach this many flattens instead.
 FLATTEN_AT_LAYERS = 100
+#: Seeds up to this size are sent through the shim; larger ones by archive before start.
+SEED_BY_SHIM_MAX = 8 * 1024 * 1024
 _SHIM_SOURCE = (Path(__file__).resolve().parent.parent / "shim" / "agent_shim.py").read_bytes()
 SHIM_SHA256 = hashlib.sha256(_SHIM_SOURCE).hexdigest()
 
@@ -156,11 +158,17 @@ class DockerBackend(SandboxBackend):
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
         info = await self._run(self._image_info_for, spec.image, spec.settings.user)
+        seed = spec.seed_root if spec.copy_seed else None
+        # Small seeds travel through the shim after start (no extra Docker call); large ones,
+        # and the shim itself for images that lack it, go in by one archive before start.
+        seed_by_shim = seed is not None and _tree_size(seed) <= SEED_BY_SHIM_MAX
         archive = None
-        if spec.copy_seed:
-            archive = await self._run(self._seed_archive, spec.seed_root, info)
+        if seed is not None and not seed_by_shim:
+            archive = await self._run(self._seed_archive, seed, info)
         elif not info.shim_baked:
-            archive = build_seed_archive(None, uid=info.uid, gid=info.gid, extra={SHIM_PATH: _SHIM_SOURCE}, workspace=False)
+            archive = build_seed_archive(
+                None, uid=info.uid, gid=info.gid, extra={SHIM_PATH: _SHIM_SOURCE}, workspace=spec.copy_seed
+            )
         container_id = await self._run(self._create, spec, info)
         try:
             if archive is not None:
@@ -174,6 +182,9 @@ class DockerBackend(SandboxBackend):
             except BaseException:
                 getattr(attach, "close", lambda: None)()
                 raise
+            sandbox = DockerSandbox(self, container_id, info.image_id, client, hello, info.user)
+            if seed_by_shim:
+                await sandbox.seed(seed)
         except SandboxLostError as err:
             await self._run(self._remove, container_id)
             raise SandboxStartError(
@@ -183,7 +194,7 @@ class DockerBackend(SandboxBackend):
         except BaseException:
             await asyncio.shield(self._run(self._remove, container_id))
             raise
-        return DockerSandbox(self, container_id, info.image_id, client, hello, info.user)
+        return sandbox
 
     def _image_info_for(self, image: str, user: str | None) -> _ImageInfo:
         try:
@@ -267,7 +278,7 @@ class DockerBackend(SandboxBackend):
         host_config = api.create_host_config(**_host_config_kwargs(settings))
         response = api.create_container(
             info.image_id,
-            entrypoint=["python3", "-u", SHIM_PATH, "--workspace", WORKSPACE],
+            entrypoint=["python3", "-u", SHIM_PATH, "--workspace", WORKSPACE, "--digest", spec.digest_mode],
             command=[],
             user=info.user or "",
             working_dir=WORKSPACE,
@@ -443,6 +454,17 @@ def _last_json_line(response: Any) -> dict[str, Any]:
         return {"status": text[-300:]}
 
 
+def _tree_size(root: Path) -> int:
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
 def _tree_signature(root: Path) -> tuple[Any, ...]:
     """Cheap identity of a seed tree (names, sizes, mtimes) to know when to rebuild its archive."""
     entries = []
@@ -487,6 +509,13 @@ class DockerSandbox(Sandbox):
         return await self._shim.call_tool(
             tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap
         )
+
+    async def seed(self, seed_root: Path | None) -> HelloResult:
+        if seed_root is None or not any(seed_root.iterdir()):
+            return self.hello
+        archive = build_seed_archive(seed_root, uid=0, gid=0, workspace=False, prefix="")
+        self.hello = await self._shim.seed(archive)
+        return self.hello
 
     async def exists(self, path: str) -> bool:
         return await self._shim.exists(path)

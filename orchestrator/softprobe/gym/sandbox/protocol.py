@@ -45,7 +45,14 @@ class ReadTextRequest(_Request):
     max_bytes: int
 
 
-ShimRequest = Union[HelloRequest, CallRequest, ExistsRequest, ReadTextRequest]
+class SeedRequest(_Request):
+    """Extract a base64 tar (names relative to the workspace) into the workspace."""
+
+    op: Literal["seed"] = "seed"
+    archive: str
+
+
+ShimRequest = Union[HelloRequest, CallRequest, ExistsRequest, ReadTextRequest, SeedRequest]
 
 
 class ShimFailure(BaseModel):
@@ -73,6 +80,7 @@ class HelloResult(BaseModel):
     tools: list[ToolInfo]
     workspace_digest: str
     workspace_files: list[str]
+    digest_mode: str = "scan"
 
 
 class CallResult(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from typing import Any, Protocol
 
@@ -16,12 +17,15 @@ from .protocol import (
     HelloRequest,
     HelloResult,
     ReadTextRequest,
+    SeedRequest,
     ShimRequest,
     ShimResponse,
 )
 
 #: How long the host waits beyond a tool's own timeout before it declares the shim unresponsive.
 RESPONSE_GRACE_S = 15.0
+
+_timeout = getattr(asyncio, "timeout", None)
 
 
 class LineChannel(Protocol):
@@ -69,6 +73,11 @@ class ShimClient:
         request = CallRequest(tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap)
         return CallResult.model_validate(await self._request(request, timeout_s + RESPONSE_GRACE_S))
 
+    async def seed(self, archive: bytes) -> HelloResult:
+        """Have the shim extract a tar of seed files into the workspace; return its new hello."""
+        request = SeedRequest(archive=base64.b64encode(archive).decode("ascii"))
+        return HelloResult.model_validate(await self._request(request, RESPONSE_GRACE_S + 60))
+
     async def exists(self, path: str) -> bool:
         return bool(await self._request(ExistsRequest(path=path), RESPONSE_GRACE_S))
 
@@ -89,7 +98,11 @@ class ShimClient:
             payload["id"] = request_id
             line = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
             try:
-                response = await asyncio.wait_for(self._exchange(line, request_id), deadline_s)
+                if _timeout is not None:  # no extra task per request (Python >= 3.11)
+                    async with _timeout(deadline_s):
+                        response = await self._exchange(line, request_id)
+                else:
+                    response = await asyncio.wait_for(self._exchange(line, request_id), deadline_s)
             except asyncio.TimeoutError:
                 raise self._fail(f"the shim did not answer within {deadline_s:g}s") from None
             except (EOFError, ConnectionError, OSError) as err:

@@ -30,6 +30,7 @@ import os
 import selectors
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -65,23 +66,29 @@ def printable(raw):
 
 
 class WorkspaceIndex:
-    """Content digest of a directory tree, cached by stat signature so repeat scans are cheap.
+    """Content digest of a directory tree, kept as a hash tree so updates cost what changed.
 
     Two trees have equal digests exactly when they hold the same relative paths with the same
     kinds, permission bits and contents (symlinks: targets). Times and owners do not count.
+    Each directory's hash covers its sorted children; a change re-hashes only the directories
+    on its path to the root. File hashes are cached by stat signature.
     """
 
     def __init__(self, root):
         self.root = os.fsencode(root)
         self.entries = {}  # relpath (bytes) -> (kind, mode, content_hash)
         self.signatures = {}  # relpath -> stat signature that content_hash is valid for
-        self.digest = None
+        self.children = {b"": set()}  # directory relpath -> names in it
+        self._dir_hashes = {}  # directory relpath -> hex digest (cache)
+
+    @property
+    def digest(self):
+        return "sha256:" + self._dir_hash(b"")
 
     def scan(self):
         """Walk the whole tree; return the paths that changed since the previous scan."""
         started_ns = time.time_ns()
-        entries = {}
-        signatures = {}
+        entries, signatures, children = {}, {}, {b"": set()}
         stack = [b""]
         while stack:
             rel_dir = stack.pop()
@@ -98,49 +105,112 @@ class WorkspaceIndex:
                     except OSError:
                         continue
                     entries[rel], sig = self._entry(rel, item.path, st, started_ns)
+                    children[rel_dir].add(item.name)
                     if sig is not None:
                         signatures[rel] = sig
                     if stat.S_ISDIR(st.st_mode):
+                        children[rel] = set()
                         stack.append(rel)
-        changed = self._diff(entries)
-        self.entries, self.signatures = entries, signatures
-        self.digest = self._hash(entries)
-        return changed
+        old = self.entries
+        changed = [rel for rel, entry in entries.items() if old.get(rel) != entry]
+        changed.extend(rel for rel in old if rel not in entries)
+        self.entries, self.signatures, self.children = entries, signatures, children
+        self._dir_hashes = {}
+        return sorted(printable(rel) for rel in changed)
 
     def update_paths(self, rels):
-        """Re-read only ``rels`` (and their parents): for tools that know exactly what they touched."""
+        """Re-read only ``rels`` (and their parents): for when we know exactly what may have changed."""
         started_ns = time.time_ns()
         touched = set()
         for rel in rels:
             parts = rel.split(b"/")
             for i in range(1, len(parts) + 1):
                 touched.add(b"/".join(parts[:i]))
-        entries = dict(self.entries)
-        signatures = dict(self.signatures)
-        for rel in sorted(touched):
+        changed = []
+        for rel in sorted(touched, key=lambda r: r.count(b"/")):  # parents first
+            old = self.entries.get(rel)
             path = os.path.join(self.root, rel)
             try:
                 st = os.lstat(path)
             except OSError:
                 st = None
-            if st is None or not stat.S_ISDIR(st.st_mode):
-                # Whatever was a directory here is gone, and its subtree with it.
-                prefix = rel + b"/"
-                for gone in [p for p in entries if p.startswith(prefix)]:
-                    entries.pop(gone, None)
-                    signatures.pop(gone, None)
+            if old is not None and old[0] == "d" and (st is None or not stat.S_ISDIR(st.st_mode)):
+                changed.extend(self._drop_subtree(rel))
             if st is None:
-                entries.pop(rel, None)
-                signatures.pop(rel, None)
+                if old is not None:
+                    self._forget(rel)
+                    changed.append(rel)
                 continue
-            entries[rel], sig = self._entry(rel, path, st, started_ns)
-            signatures.pop(rel, None)
+            entry, sig = self._entry(rel, path, st, started_ns)
+            self.signatures.pop(rel, None)
             if sig is not None:
-                signatures[rel] = sig
-        changed = self._diff(entries)
-        self.entries, self.signatures = entries, signatures
-        self.digest = self._hash(entries)
-        return changed
+                self.signatures[rel] = sig
+            if entry != old:
+                self.entries[rel] = entry
+                parent, _, name = rel.rpartition(b"/")
+                self.children.setdefault(parent, set()).add(name)
+                self._invalidate(parent)
+                changed.append(rel)
+            if entry[0] == "d":
+                self.children.setdefault(rel, set())
+        return sorted(printable(rel) for rel in set(changed))
+
+    def _forget(self, rel):
+        self.entries.pop(rel, None)
+        self.signatures.pop(rel, None)
+        parent, _, name = rel.rpartition(b"/")
+        self.children.get(parent, set()).discard(name)
+        self._invalidate(parent)
+
+    def _drop_subtree(self, rel):
+        """Forget everything below directory ``rel``; return what was there."""
+        gone, stack = [], [rel]
+        while stack:
+            directory = stack.pop()
+            for name in self.children.pop(directory, set()):
+                child = directory + b"/" + name if directory else name
+                if self.entries.get(child, ("",))[0] == "d":
+                    stack.append(child)
+                self.entries.pop(child, None)
+                self.signatures.pop(child, None)
+                gone.append(child)
+            self._dir_hashes.pop(directory, None)
+        return gone
+
+    def _invalidate(self, directory):
+        while True:
+            self._dir_hashes.pop(directory, None)
+            if not directory:
+                return
+            directory = directory.rpartition(b"/")[0]
+
+    def _dir_hash(self, rel):
+        """The hash of directory ``rel``, computed bottom-up without recursion (trees can be deep)."""
+        pending = [rel]
+        while pending:
+            directory = pending[-1]
+            if directory in self._dir_hashes:
+                pending.pop()
+                continue
+            names = sorted(self.children.get(directory, ()))
+            missing = []
+            for name in names:
+                child = directory + b"/" + name if directory else name
+                if self.entries[child][0] == "d" and child not in self._dir_hashes:
+                    missing.append(child)
+            if missing:
+                pending.extend(missing)
+                continue
+            h = hashlib.sha256()
+            for name in names:
+                child = directory + b"/" + name if directory else name
+                kind, mode, content = self.entries[child]
+                if kind == "d":
+                    content = self._dir_hashes[child]
+                h.update(b"%s\0%s\0%o\0%s\n" % (name, kind.encode(), mode, content.encode()))
+            self._dir_hashes[directory] = h.hexdigest()
+            pending.pop()
+        return self._dir_hashes[rel]
 
     def _entry(self, rel, path, st, started_ns):
         mode = stat.S_IMODE(st.st_mode)
@@ -161,19 +231,103 @@ class WorkspaceIndex:
         racy = max(st.st_mtime_ns, st.st_ctime_ns) >= started_ns - RACY_WINDOW_NS
         return ("f", mode, content), (None if racy else sig)
 
-    def _diff(self, entries):
-        old = self.entries
-        changed = [rel for rel, entry in entries.items() if old.get(rel) != entry]
-        changed.extend(rel for rel in old if rel not in entries)
-        return sorted(printable(rel) for rel in changed)
 
-    @staticmethod
-    def _hash(entries):
-        h = hashlib.sha256()
-        for rel in sorted(entries):
-            kind, mode, content = entries[rel]
-            h.update(b"%s\0%s\0%o\0%s\n" % (rel, kind.encode(), mode, content.encode()))
-        return "sha256:" + h.hexdigest()
+class ChangeTracker:
+    """Which workspace paths changed since the last look, from inotify (Linux), so that a step in
+    a large workspace costs in proportion to what it changed, not to the workspace's size.
+
+    ``changes()`` returns a set of relative paths (bytes), or None when it cannot say (no
+    inotify, out of watches, a queue overflow, a directory renamed): then the caller rescans.
+    inotify does not see writes through ``mmap``; run with ``--digest scan`` where that matters.
+    """
+
+    IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
+    IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
+    IN_DELETE_SELF, IN_MOVE_SELF, IN_Q_OVERFLOW, IN_IGNORED, IN_ISDIR = 0x400, 0x800, 0x4000, 0x8000, 0x40000000
+    IN_DONT_FOLLOW, IN_NONBLOCK, IN_CLOEXEC = 0x2000000, 0x800, 0x80000
+    MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE
+            | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | IN_DONT_FOLLOW)
+
+    def __init__(self, root):
+        self.root = os.fsencode(root)
+        self.fd = None
+        self.watches = {}  # wd -> relative directory path (bytes)
+        try:
+            import ctypes
+
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            fd = self.libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC)
+            if fd >= 0:
+                self.fd = fd
+        except (OSError, AttributeError):
+            self.fd = None
+
+    @property
+    def usable(self):
+        return self.fd is not None
+
+    def watch_all(self, directories):
+        """Watch the root and ``directories`` (relative); False if the kernel refuses one."""
+        self.watches.clear()
+        return all(self._watch(rel) for rel in [b""] + sorted(directories))
+
+    def _watch(self, rel):
+        path = os.path.join(self.root, rel) if rel else self.root
+        wd = self.libc.inotify_add_watch(self.fd, path, self.MASK)
+        if wd < 0:
+            return False
+        self.watches[wd] = rel
+        return True
+
+    def changes(self):
+        changed, exact = set(), True
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            offset = 0
+            while offset + 16 <= len(data):
+                wd, mask, _cookie, length = struct.unpack_from("iIII", data, offset)
+                name = data[offset + 16 : offset + 16 + length].rstrip(b"\0")
+                offset += 16 + length
+                if mask & self.IN_Q_OVERFLOW:
+                    exact = False
+                    continue
+                if mask & self.IN_IGNORED:
+                    self.watches.pop(wd, None)
+                    continue
+                directory = self.watches.get(wd)
+                if directory is None:
+                    continue
+                rel = os.path.join(directory, name) if directory and name else (name or directory)
+                if mask & self.IN_ISDIR and mask & (self.IN_MOVED_FROM | self.IN_MOVED_TO):
+                    exact = False  # a renamed directory moves watches: start over
+                if mask & self.IN_ISDIR and mask & self.IN_CREATE:
+                    # Whatever appeared inside before we watch it is found by walking it.
+                    for sub in _walk_dirs(self.root, rel):
+                        if not self._watch(sub):
+                            exact = False
+                    changed.update(_walk_all(self.root, rel))
+                if rel:
+                    changed.add(rel)
+        return changed if exact else None
+
+
+def _walk_dirs(root, rel):
+    out = [rel]
+    for dirpath, dirnames, _files in os.walk(os.path.join(root, rel)):
+        base = os.path.relpath(dirpath, root)
+        out.extend(os.path.join(base, d) for d in dirnames)
+    return out
+
+
+def _walk_all(root, rel):
+    out = [rel]
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, rel)):
+        base = os.path.relpath(dirpath, root)
+        out.extend(os.path.join(base, n) for n in dirnames + filenames)
+    return out
 
 
 def _hash_file(path):
@@ -385,10 +539,11 @@ def _kill_group(pgid):
 
 
 class Shim:
-    def __init__(self, workspace, manifest_path):
+    def __init__(self, workspace, manifest_path, digest_mode="inotify"):
         self.workspace = os.path.realpath(workspace)
         self.index = WorkspaceIndex(self.workspace)
-        self.index.scan()
+        self.tracker = ChangeTracker(self.workspace) if digest_mode == "inotify" else None
+        self.full_scan()
         self.declared = load_manifest(manifest_path)
         self.builtins = {
             "fs.read": self.fs_read,
@@ -416,9 +571,34 @@ class Shim:
         if op == "read_text":
             return self._read_text(request)
         if op == "rescan":
-            self.index.scan()
+            self.full_scan()
             return {"workspace_digest": self.index.digest}
+        if op == "seed":
+            return self.seed(request)
         raise ProtocolError("unknown op %r" % (op,))
+
+    def full_scan(self):
+        """Rescan the whole workspace (and re-arm change tracking); return what changed."""
+        changed = self.index.scan()
+        if self.tracker is not None and self.tracker.usable:
+            directories = [rel for rel, entry in self.index.entries.items() if entry[0] == "d"]
+            if not self.tracker.watch_all(directories):
+                self.tracker = None  # out of inotify watches: full scans from now on
+            else:
+                self.tracker.changes()  # drop events from before the scan
+        return changed
+
+    def refresh(self, touched=None):
+        """Bring the digest up to date after a tool ran; return the changed paths.
+
+        ``touched`` lists what a file tool changed itself; None means a process ran, so anything
+        may have changed: ask the tracker, or rescan.
+        """
+        tracked = self.tracker.changes() if self.tracker is not None and self.tracker.usable else None
+        if touched is None and tracked is None:
+            return self.full_scan()
+        paths = set(touched or ()) | set(tracked or ())
+        return self.index.update_paths(sorted(paths)) if paths else []
 
     def hello(self):
         tools = [{"name": name, "builtin": True} for name in self.builtins]
@@ -435,6 +615,7 @@ class Shim:
             "tools": tools,
             "workspace_digest": self.index.digest,
             "workspace_files": sorted(printable(p) for p, e in self.index.entries.items() if e[0] == "f"),
+            "digest_mode": "inotify" if self.tracker is not None and self.tracker.usable else "scan",
         }
 
     def call(self, request):
@@ -462,13 +643,12 @@ class Shim:
             observation = "error (%s): %s" % (err.type, err.message)
             # A failed subprocess may have written files before it failed.
             touched = None if name == "shell.exec" or name in self.declared else []
-        if touched is None:
-            changed = self.index.scan()
-        elif touched:
-            changed = self.index.update_paths(touched)
-        else:
-            changed = []
-        diagnostics["changed_paths"] = changed
+        except Exception as err:  # a bug or an input no check foresaw: still an answer, not a crash
+            error = {"type": "internal_error", "message": "%s: %s" % (type(err).__name__, err)}
+            diagnostics = {}
+            observation = "error (internal_error): %s" % error["message"]
+            touched = None
+        diagnostics["changed_paths"] = self.refresh(touched)
         diagnostics["workspace_digest"] = self.index.digest
         diagnostics["tool_ms"] = round((time.monotonic() - started) * 1000, 3)
         return {"observation": observation, "error": error, "diagnostics": diagnostics}
@@ -595,6 +775,8 @@ class Shim:
             if args["timeout_s"] <= 0:
                 raise ToolError("invalid_arguments", "timeout_s must be positive")
             timeout_s = min(float(args["timeout_s"]), timeout_s)
+        if "\x00" in args["command"]:
+            raise ToolError("invalid_arguments", "command must not contain NUL bytes")
         argv = ["/bin/sh", "-c", args["command"]]
         exit_code, output, diagnostics = run_process(argv, self.workspace, timeout_s, output_cap)
         text = output.text()
@@ -629,6 +811,35 @@ class Shim:
             except ValueError:
                 raise ToolError("tool_failed", "%s printed invalid JSON" % name, diagnostics)
         return text, diagnostics
+
+    # -- seeding -----------------------------------------------------------------------------
+
+    def seed(self, request):
+        """Extract a base64 tar of seed files into the workspace (as the agent user)."""
+        import base64
+        import io
+        import tarfile
+
+        data = base64.b64decode(request.get("archive") or "")
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            for member in archive.getmembers():
+                name = os.path.normpath(member.name)
+                if name.startswith(("/", "..")) or not (member.isfile() or member.isdir() or member.issym()):
+                    raise ProtocolError("seed archive member %r is not allowed" % member.name)
+                target = os.path.join(self.workspace, name)
+                if member.isdir():
+                    os.makedirs(target, exist_ok=True)
+                    os.chmod(target, member.mode & 0o7777)
+                elif member.issym():
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    os.symlink(member.linkname, target)
+                else:
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    with open(target, "wb") as out:
+                        out.write(archive.extractfile(member).read())
+                    os.chmod(target, member.mode & 0o7777)
+        self.full_scan()
+        return self.hello()
 
     # -- host helpers (on_step) ----------------------------------------------------------------
 
@@ -759,19 +970,22 @@ def _last_line(text):
 def main(argv):
     workspace = "/workspace"
     manifest = DEFAULT_MANIFEST
+    digest_mode = "inotify"
     it = iter(argv)
     for arg in it:
         if arg == "--workspace":
             workspace = next(it)
         elif arg == "--manifest":
             manifest = next(it)
+        elif arg == "--digest":
+            digest_mode = next(it)
     # Tools must not inherit the protocol streams.
     stdin = os.fdopen(os.dup(0), "rb", buffering=0)
     stdout = os.fdopen(os.dup(1), "wb", buffering=0)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(2, 1)
-    shim = Shim(workspace, manifest)
+    shim = Shim(workspace, manifest, digest_mode)
     reader = _LineReader(stdin)
     while True:
         line = reader.readline()
