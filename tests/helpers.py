@@ -26,3 +26,16 @@ async def processes(host, episode_id: str) -> str:  # type: ignore[no-untyped-de
     listing = result.observation
     assert "agent_shim.py" in listing, f"the process listing did not work: {listing!r}"
     return listing
+
+
+def host_containers(host) -> list:  # type: ignore[no-untyped-def]
+    """Every container (running or not) carrying this host's label."""
+    import docker
+
+    from softprobe.gym import labels as L
+
+    client = docker.from_env()
+    try:
+        return client.containers.list(all=True, filters={"label": f"{L.HOST}={host.host_id}"})
+    finally:
+        client.close()

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import docker
 import pytest
 
-from helpers import SUPPORT_DESK, ready, tool
+from helpers import SUPPORT_DESK, host_containers, ready, tool
 from softprobe.gym import (
     ConfigurationError,
     EpisodeExistsError,
@@ -15,17 +14,8 @@ from softprobe.gym import (
     LifecycleError,
     create_host_environment,
 )
-from softprobe.gym import labels as L
 
 pytestmark = pytest.mark.docker
-
-
-def containers_of(host) -> list:
-    client = docker.from_env()
-    try:
-        return client.containers.list(all=True, filters={"label": f"{L.HOST}={host.host_id}"})
-    finally:
-        client.close()
 
 
 async def test_calls_out_of_order_raise_and_change_nothing(host):
@@ -77,12 +67,12 @@ async def test_episode_ids_are_generated_when_omitted(host):
 
 async def test_reset_of_a_running_episode_starts_a_fresh_container_from_the_seed(host):
     episode_id = await ready(host)
-    first_container = containers_of(host)[0].id
+    first_container = host_containers(host)[0].id
     await host.step(episode_id=episode_id, action=tool("fs.write", path="scratch.txt", content="x"))
     again = await host.reset(episode_id=episode_id)
     assert "scratch.txt" not in again.observation["workspace_files"]
     await host.settle()  # the old container is removed in the background
-    ids = [c.id for c in containers_of(host)]
+    ids = [c.id for c in host_containers(host)]
     assert ids and first_container not in ids and len(ids) == 1
     assert host.trajectory(episode_id=episode_id) == []
     step = await host.step(episode_id=episode_id, action=tool("fs.list"))
@@ -91,10 +81,10 @@ async def test_reset_of_a_running_episode_starts_a_fresh_container_from_the_seed
 
 async def test_destroy_is_idempotent_and_removes_the_container(host):
     episode_id = await ready(host)
-    assert len(containers_of(host)) == 1
+    assert len(host_containers(host)) == 1
     await host.destroy(episode_id=episode_id)
     await host.destroy(episode_id=episode_id)
-    assert containers_of(host) == []
+    assert host_containers(host) == []
     assert host.state(episode_id=episode_id) is EpisodeState.DESTROYED
     with pytest.raises(EpisodeNotFoundError):
         await host.destroy(episode_id="never-created")
@@ -111,10 +101,10 @@ async def test_close_destroys_every_episode_and_is_idempotent(tmp_path, docker_e
     host = create_host_environment(run_root=tmp_path, image=SUPPORT_DESK)
     for i in range(3):
         await ready(host, f"ep-{i}")
-    assert len(containers_of(host)) == 3
+    assert len(host_containers(host)) == 3
     await host.close()
     await host.close()
-    assert containers_of(host) == []
+    assert host_containers(host) == []
     with pytest.raises(LifecycleError, match="closed"):
         await host.create_episode()
 
@@ -122,7 +112,7 @@ async def test_close_destroys_every_episode_and_is_idempotent(tmp_path, docker_e
 async def test_async_with_closes_the_host(tmp_path, docker_engine):
     async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK) as host:
         await ready(host)
-    assert containers_of(host) == []
+    assert host_containers(host) == []
 
 
 async def test_max_steps_truncates_the_episode(tmp_path, docker_engine):

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-import docker
 import pytest
 
-from helpers import SUPPORT_DESK, tool
+from helpers import SUPPORT_DESK, host_containers, tool
 from softprobe.gym import create_host_environment
-from softprobe.gym import labels as L
 
 pytestmark = pytest.mark.docker
-
-
-def host_containers(host) -> list:
-    client = docker.from_env()
-    try:
-        return client.containers.list(all=True, filters={"label": f"{L.HOST}={host.host_id}"})
-    finally:
-        client.close()
 
 
 async def test_pooled_resets_are_fresh_seeded_and_never_reused(tmp_path, seed_root, docker_engine):

@@ -34,7 +34,8 @@ async def test_docker_confines_the_container_by_default(host):
     assert host_config["PidsLimit"] == 256
     assert host_config["Memory"] == host_config["MemorySwap"] == 1024**3
     assert host_config["NanoCpus"] == 1_000_000_000
-    assert {u["Name"]: u["Hard"] for u in host_config["Ulimits"]} == {"nofile": 1024, "core": 0}
+    assert {u["Name"]: u["Hard"] for u in host_config["Ulimits"]} == {"nofile": 1024, "core": 0, "fsize": 1024**3}
+    assert host_config["Tmpfs"] == {"/tmp": "rw,nosuid,nodev,size=256m,mode=1777"}
     assert host_config["LogConfig"]["Type"] == "none"
     assert host_config["Binds"] in (None, [])
     assert host_config["Privileged"] is False

@@ -31,7 +31,6 @@ from .host import HostEnvironment, create_host_environment
 from .sandbox.archive import build_seed_archive
 from .sandbox.base import Sandbox
 from .sandbox.docker_backend import DockerBackend, _host_config_kwargs
-from .settings import ContainerSettings
 
 
 class BenchRow(BaseModel):

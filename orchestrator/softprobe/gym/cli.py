@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -105,6 +104,25 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--json", action="store_true", help="print one JSON result per episode")
     grade.set_defaults(run=_run_grade)
 
+    evaluate = commands.add_parser(
+        "eval",
+        help="run a suite of tasks, each in its own episode, grade them and write a report",
+        description=(
+            "Run every task of SUITE.yaml in its own isolated episode (bounded parallelism), "
+            "grade the finished rollouts with their promptfoo assertions, and write "
+            "results.jsonl, summary.json and report.html into --out. Ctrl-C stops launching, "
+            "destroys running episodes' containers and writes partial results. Exit code 0 when "
+            "all tasks pass, 1 when some fail, 2 on a usage or infrastructure error, 130 when "
+            "interrupted."
+        ),
+    )
+    evaluate.add_argument("suite", type=Path, metavar="SUITE.yaml")
+    evaluate.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
+    evaluate.add_argument("--concurrency", type=int, metavar="N", help="episodes at once (default: the suite's)")
+    evaluate.add_argument("--resume", action="store_true", help="skip tasks already finished in DIR")
+    evaluate.add_argument("--backend", choices=["auto", "native", "cli"], help="grading backend (default: the suite's)")
+    evaluate.set_defaults(run=_run_eval)
+
     images = commands.add_parser("images", help="build the project's images")
     image_commands = images.add_subparsers(title="image commands", metavar="COMMAND")
     build = image_commands.add_parser(
@@ -193,6 +211,88 @@ def _run_grade(args: argparse.Namespace) -> int:
     else:
         print(format_table(results))
     return 0 if all(r.passed for r in results) else 1
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    import signal
+
+    from softprobe.promptfoo_adapter import PromptfooAdapterError
+
+    from .eval_runner import plain_progress, run_suite
+    from .images import ensure_image
+    from .suite import load_suite
+
+    if args.concurrency is not None and args.concurrency < 1:
+        print("softprobe-gym: error: --concurrency must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        suite = load_suite(args.suite)
+        ensure_image(suite.image)
+    except GymError as err:
+        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    async def main() -> object:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def interrupt() -> None:
+            print("softprobe-gym: interrupted: stopping, removing running episodes...", file=sys.stderr)
+            loop.remove_signal_handler(signal.SIGINT)  # a second Ctrl-C quits at once
+            inner.cancel()
+
+        with _progress_display() as progress:
+            inner = asyncio.ensure_future(run_suite(
+                suite, args.out, concurrency=args.concurrency, resume=args.resume, backend=args.backend, progress=progress,
+            ))
+            loop.add_signal_handler(signal.SIGINT, interrupt)
+            try:
+                return await inner
+            finally:
+                loop.remove_signal_handler(signal.SIGINT)
+        del task
+
+    try:
+        outcome = asyncio.run(main())
+    except (GymError, PromptfooAdapterError) as err:
+        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        return 2
+    summary = outcome.summary  # type: ignore[attr-defined]
+    print(
+        f"{summary['passed']}/{summary['ran']} tasks passed ({summary['failed']} failed, "
+        f"{summary['errored']} errors) in {summary['wall_s']:.1f} s; report: {args.out / 'report.html'}"
+    )
+    if outcome.interrupted:  # type: ignore[attr-defined]
+        return 130
+    return 0 if summary["failed"] == 0 and summary["ran"] == summary["planned"] else 1
+
+
+class _progress_display:
+    """A rich progress bar on a terminal, plain lines otherwise."""
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        from .eval_runner import plain_progress
+
+        self._bar = None
+        if sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task("eval", total=None)
+
+            def update(message: str, done: int, total: int) -> None:
+                self._bar.update(self._task, completed=done, total=total, description=message[:60])
+
+            return update
+        return plain_progress
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
 
 
 def _run_bench(args: argparse.Namespace) -> int:

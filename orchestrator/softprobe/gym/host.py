@@ -69,6 +69,7 @@ class _Episode:
     source_checkpoint: str | None = None  # the checkpoint its container was started from
     lineage: ForkLineage | None = None
     max_steps: int | None = None  # overrides the host's limit
+    seed_root: Path | None = None  # overrides the host's seed_root
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -164,7 +165,11 @@ class HostEnvironment:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def create_episode(
-        self, *, episode_id: str | None = None, max_steps: int | None = None
+        self,
+        *,
+        episode_id: str | None = None,
+        max_steps: int | None = None,
+        seed_root: str | Path | None = None,
     ) -> EpisodeHandle:
         """Reserve an episode id and its folder ``run_root/episodes/<episode_id>``.
 
@@ -173,6 +178,7 @@ class HostEnvironment:
         Args:
             episode_id: 1-128 letters, digits, ``.``, ``_`` or ``-``; generated if omitted.
             max_steps: this episode's step limit (default: the host's ``max_steps``).
+            seed_root: this episode's seed folder (default: the host's ``seed_root``).
 
         Raises:
             ConfigurationError: the id is not of that form.
@@ -189,7 +195,12 @@ class HostEnvironment:
             )
         if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
             raise ConfigurationError(f"max_steps must be a positive int, not {max_steps!r}")
-        episode = _Episode(episode_id, EpisodeStore(self.run_root, episode_id), max_steps=max_steps)
+        seed = None
+        if seed_root is not None:
+            seed = Path(seed_root).expanduser().resolve()
+            if not seed.is_dir():
+                raise ConfigurationError(f"seed_root {seed} is not a directory")
+        episode = _Episode(episode_id, EpisodeStore(self.run_root, episode_id), max_steps=max_steps, seed_root=seed)
         self._episodes[episode_id] = episode
         episode.store.create(self._record(episode))
         return EpisodeHandle(
@@ -218,7 +229,7 @@ class HostEnvironment:
             await self._drop_sandbox(episode, background=True)
             await self._hold_slot(episode)
             try:
-                sandbox = await self._start_for(episode_id)
+                sandbox = await self._start_for(episode_id, episode.seed_root or self.seed_root)
             except BaseException:
                 self._release_slot(episode)
                 raise
@@ -693,30 +704,32 @@ class HostEnvironment:
             await self._sweep_once()
             await self.pool.wait_ready()
 
-    def _spec(self, *, labels: dict[str, str], seed: bool, image: str | None = None) -> SandboxSpec:
+    def _spec(
+        self, *, labels: dict[str, str], seed: bool, image: str | None = None, seed_root: Path | None = None
+    ) -> SandboxSpec:
         return SandboxSpec(
             image=image or self.image,
             settings=self.container_settings,
             labels=labels,
-            seed_root=self.seed_root if seed else None,
+            seed_root=(seed_root or self.seed_root) if seed else None,
             # A fresh workspace (seeded now, or later by the pool's taker) unless the image is a
             # checkpoint that already holds one.
             copy_seed=seed or image is None,
             digest_mode=self.workspace_tracking,
         )
 
-    async def _start_for(self, episode_id: str) -> Sandbox:
+    async def _start_for(self, episode_id: str, seed_root: Path | None) -> Sandbox:
         """A fresh sandbox with the seed files: from the warm pool if one is ready, else cold."""
         if self.pool is not None:
             sandbox = self.pool.take()
             if sandbox is not None:
                 try:
-                    await sandbox.seed(self.seed_root)
+                    await sandbox.seed(seed_root)
                     return sandbox
                 except BaseException:
                     await asyncio.shield(sandbox.remove())
                     raise
-        return await self._backend.start(self._spec(labels=self._labels(episode_id), seed=True))
+        return await self._backend.start(self._spec(labels=self._labels(episode_id), seed=True, seed_root=seed_root))
 
     async def _hold_slot(self, episode: _Episode) -> None:
         if self._slots is not None and not episode.holds_slot:

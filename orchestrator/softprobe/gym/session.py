@@ -18,7 +18,7 @@ from .errors import EpisodeNotFoundError, GymError, LifecycleError
 from .export import PromptfooInput, final_output_of, trajectory_digest, trajectory_steps
 from .host import HostEnvironment
 from .results import StepResult
-from .rewards import Aggregate, Facts, RewardContext, RewardFrom, RewardTracker
+from .rewards import Aggregate, Facts, RewardFrom, RewardTracker
 
 
 Policy = Callable[..., Any]  # (observation) or (observation, last_step_result) -> action, sync or async
@@ -87,8 +87,10 @@ class TrainingSession:
         reward_from: RewardFrom | None = None,
         max_steps: int | None = None,
         reward_aggregate: Aggregate = "sum",
+        seed_root: Path | None = None,
     ) -> None:
         self.host = host
+        self.seed_root = seed_root
         self.episode_id = episode_id
         self.max_steps = max_steps
         self.rewards = RewardTracker(reward_from, reward_aggregate) if reward_from is not None else None
@@ -117,7 +119,9 @@ class TrainingSession:
                 return
             except EpisodeNotFoundError:
                 pass
-        handle = await self.host.create_episode(episode_id=self.episode_id, max_steps=self.max_steps)
+        handle = await self.host.create_episode(
+            episode_id=self.episode_id, max_steps=self.max_steps, seed_root=self.seed_root
+        )
         self.episode_id = handle.episode_id
         self._ready = True
 
@@ -227,6 +231,7 @@ def create_training_session(
     reward_from: RewardFrom | None = None,
     max_steps: int | None = None,
     reward_aggregate: Aggregate = "sum",
+    seed_root: Path | None = None,
 ) -> TrainingSession:
     """A training session over one episode of ``host`` (created if it does not exist).
 
@@ -240,6 +245,7 @@ def create_training_session(
         max_steps: truncate the episode after this many steps.
         reward_aggregate: how a step's ``reward`` is made from its components: ``"sum"``
             (default), ``"mean"`` or a function of the component list.
+        seed_root: the episode's own seed folder (when the session creates the episode).
     """
     return TrainingSession(
         host,
@@ -247,6 +253,7 @@ def create_training_session(
         reward_from=reward_from,
         max_steps=max_steps,
         reward_aggregate=reward_aggregate,
+        seed_root=seed_root,
     )
 
 

@@ -1,0 +1,291 @@
+"""``softprobe-gym eval``: run a suite's tasks in isolated episodes, grade them, write the outputs.
+
+Each task runs as a training session in its own episode (its own container) with bounded
+parallelism. A finished rollout is recorded at once in ``DIR/tasks/<id>.json`` (what ``--resume``
+skips); when all are done, every rollout is graded in one batch and ``results.jsonl``,
+``summary.json`` and ``report.html`` are written. An interrupted run destroys its running
+episodes' containers and grades what finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from .errors import GymError
+from .export import trajectory_steps
+from .host import create_host_environment
+from .session import create_training_session
+from .splits import assert_no_leakage, partition_train_eval
+from .suite import Suite, Task
+
+
+class TaskRecord(BaseModel):
+    """A finished (or failed) rollout of one task, before grading."""
+
+    id: str
+    ok: bool
+    error: str | None = None
+    duration_ms: float
+    rollout: dict[str, Any] | None = None  # RolloutResult as JSON
+
+
+class TaskResult(BaseModel):
+    """One line of ``results.jsonl``."""
+
+    id: str
+    passed: bool
+    score: float
+    reason: str
+    error: str | None
+    reward_total: float
+    rewards: list[dict[str, Any]]  # per step: {"step", "reward", "components": {name: value}}
+    steps: int
+    duration_ms: float
+    trajectory_digest: str | None
+    source_trace_id: str | None
+    artifacts: str | None
+    assertions: list[dict[str, Any]]
+
+
+class SuiteOutcome(BaseModel):
+    results: list[TaskResult]
+    summary: dict[str, Any]
+    interrupted: bool
+
+
+Progress = Callable[[str, int, int], None]  # (message, done, total)
+
+
+def select_tasks(suite: Suite) -> list[Task]:
+    """The tasks to run: all, or one side of the suite's split (checked for leakage)."""
+    if suite.split is None:
+        return list(suite.tasks)
+    ids = [t.id for t in suite.tasks]
+    split = partition_train_eval(ids, train_ratio=suite.split.train_ratio, seed=suite.split.seed)
+    fingerprints = {t.id: _fingerprint(t) for t in suite.tasks}
+    assert_no_leakage(split.train, split.eval, fingerprints=fingerprints)
+    chosen = set(split.train if suite.split.run == "train" else split.eval)
+    return [t for t in suite.tasks if t.id in chosen]
+
+
+def _fingerprint(task: Task) -> str:
+    content = task.model_dump(mode="json", exclude={"id"}, by_alias=True)
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+async def run_suite(
+    suite: Suite,
+    out: Path,
+    *,
+    concurrency: int | None = None,
+    resume: bool = False,
+    backend: str | None = None,
+    progress: Progress = lambda message, done, total: None,
+) -> SuiteOutcome:
+    """Run ``suite`` into ``out``; see the module docstring.
+
+    Raises:
+        GymError: infrastructure failed (Docker, the grader); partial outputs are still written.
+    """
+    started = time.perf_counter()
+    tasks = select_tasks(suite)
+    records_dir = out / "tasks"
+    records_dir.mkdir(parents=True, exist_ok=True)
+    finished = {p.stem for p in records_dir.glob("*.json")} if resume else set()
+    if not resume:
+        for stale in records_dir.glob("*.json"):
+            stale.unlink()
+    pending = [t for t in tasks if t.id not in finished]
+    total, done = len(tasks), len(tasks) - len(pending)
+    if finished:
+        progress(f"resuming: {len(finished & {t.id for t in tasks})} tasks already finished", done, total)
+    by_id = {t.id: t for t in tasks}
+
+    async def checks(ctx: Any) -> dict[str, Any]:
+        task = by_id.get(ctx.episode_id)
+        if task is None or not task.checks:
+            return {}
+        values: dict[str, bool] = {}
+        for check in task.checks:
+            if check.file_exists is not None:
+                values[check.name] = await ctx.exists(check.file_exists)
+            elif check.file_contains is not None:
+                path, text = check.file_contains["path"], check.file_contains["text"]
+                values[check.name] = await ctx.exists(path) and text in await ctx.read_text(path)
+            elif check.observation_contains is not None:
+                observation = ctx.result.observation
+                shown = observation if isinstance(observation, str) else json.dumps(observation, ensure_ascii=False)
+                values[check.name] = check.observation_contains in shown
+            else:
+                values[check.name] = ctx.result.error is None
+        return {"suite_checks": values}
+
+    def reward_from(ctx: Any) -> dict[str, Any]:
+        values = ctx.step_result.diagnostics.get("suite_checks", {})
+        return {"checks": [{"name": name, "passed": bool(value)} for name, value in values.items()]}
+
+    concurrency = concurrency or suite.concurrency
+    limit = asyncio.Semaphore(concurrency)
+    interrupted = False
+    host = create_host_environment(
+        run_root=out / "runs",
+        seed_root=suite.resolve(suite.seed),
+        image=suite.image,
+        on_step=checks,
+        container=suite.limits.container,
+        tool_timeout_s=suite.limits.tool_timeout_s,
+        max_tool_timeout_s=max(600.0, suite.limits.tool_timeout_s),
+        max_containers=concurrency,
+    )
+
+    async def run_task(task: Task) -> None:
+        nonlocal done
+        async with limit:
+            record = await _run_one(host, suite, task, out, reward_from)
+        (records_dir / f"{task.id}.json").write_text(record.model_dump_json())
+        done += 1
+        outcome = "finished" if record.ok else f"failed: {record.error}"
+        progress(f"{task.id}: {outcome} ({record.duration_ms / 1000:.1f} s)", done, total)
+
+    try:
+        await asyncio.gather(*(run_task(t) for t in pending))
+    except asyncio.CancelledError:
+        interrupted = True
+    finally:
+        await asyncio.shield(host.close())
+    outcome = await grade_records(suite, out, tasks, backend=backend or suite.backend, wall_s=time.perf_counter() - started,
+                                  interrupted=interrupted)
+    return outcome
+
+
+async def _run_one(host: Any, suite: Suite, task: Task, out: Path, reward_from: Any) -> TaskRecord:
+    started = time.perf_counter()
+    seed = suite.resolve(task.seed)
+    if task.files is not None:
+        seed = out / "seeds" / task.id
+        for rel, content in task.files.items():
+            target = seed / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        seed.mkdir(parents=True, exist_ok=True)
+    try:
+        session = create_training_session(
+            host, episode_id=task.id, reward_from=reward_from if task.checks else None,
+            max_steps=suite.limits.max_steps, seed_root=seed,
+        )
+        source = suite.policy(task) if task.policy else list(task.actions or [])
+        async for _ in session.rollout(source):
+            pass
+        result = await session.finalize()
+        await host.destroy(episode_id=task.id)
+        return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=result.model_dump(mode="json"))
+    except (GymError, Exception) as err:  # a task's failure is its result; other tasks go on
+        try:
+            await host.destroy(episode_id=task.id)
+        except GymError:
+            pass
+        return TaskRecord(id=task.id, ok=False, error=f"{type(err).__name__}: {err}", duration_ms=_ms(started))
+
+
+async def grade_records(
+    suite: Suite, out: Path, tasks: list[Task], *, backend: str, wall_s: float, interrupted: bool
+) -> SuiteOutcome:
+    """Grade every recorded rollout in one batch; write results.jsonl, summary.json, report.html."""
+    from softprobe.promptfoo_adapter import grade_cases
+
+    from .report import write_report
+
+    records = {}
+    for task in tasks:
+        path = out / "tasks" / f"{task.id}.json"
+        if path.exists():
+            records[task.id] = TaskRecord.model_validate_json(path.read_text())
+    gradable = [t for t in tasks if t.id in records and records[t.id].ok]
+    cases = []
+    for task in gradable:
+        rollout = records[task.id].rollout or {}
+        from .session import RolloutResult
+
+        result = RolloutResult.model_validate(rollout)
+        cases.append({
+            "attempt_id": task.id, "final_output": result.final_output,
+            "trajectory_digest": result.trajectory_digest, "source_trace_id": result.source_trace_id,
+            "assertions": task.assertions, "threshold": task.threshold,
+            "steps": [s.model_dump() for s in trajectory_steps(result.steps)],
+        })
+    graded = {g.attempt_id: g for g in await grade_cases(cases, backend=backend)} if cases else {}
+    results = []
+    for task in tasks:
+        record = records.get(task.id)
+        if record is None:
+            continue
+        results.append(_task_result(task, record, graded.get(task.id)))
+    summary = _summary(suite, results, len(tasks), wall_s, interrupted, backend)
+    with open(out / "results.jsonl", "w") as f:
+        for result in results:
+            f.write(result.model_dump_json() + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_report(out / "report.html", suite, summary, results, records)
+    return SuiteOutcome(results=results, summary=summary, interrupted=interrupted)
+
+
+def _task_result(task: Task, record: TaskRecord, graded: Any) -> TaskResult:
+    rollout = record.rollout or {}
+    steps = rollout.get("steps", [])
+    rewards = [
+        {"step": s["index"], "reward": s.get("reward"), "components": {c["name"]: c["value"] for c in s.get("reward_components", [])}}
+        for s in steps
+    ]
+    if graded is None:
+        passed, score, reason, error, assertions = False, 0.0, record.error or "not graded", record.error, []
+    else:
+        passed, score, reason, error = graded.passed, graded.score, graded.reason, graded.error
+        assertions = [c.model_dump() for c in graded.component_results]
+    return TaskResult(
+        id=task.id, passed=passed, score=score, reason=reason, error=error,
+        reward_total=float(rollout.get("total_reward") or 0.0), rewards=rewards, steps=len(steps),
+        duration_ms=record.duration_ms, trajectory_digest=rollout.get("trajectory_digest"),
+        source_trace_id=rollout.get("source_trace_id"), artifacts=rollout.get("artifacts_dir"),
+        assertions=assertions,
+    )
+
+
+def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: float, interrupted: bool, backend: str) -> dict[str, Any]:
+    scores = [r.score for r in results]
+    durations = [r.duration_ms for r in results]
+    passed = sum(r.passed for r in results)
+    errored = sum(r.error is not None for r in results)
+    return {
+        "suite": suite.name,
+        "image": suite.image,
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "planned": planned,
+        "ran": len(results),
+        "passed": passed,
+        "failed": len(results) - passed,
+        "errored": errored,
+        "pass_rate": passed / len(results) if results else 0.0,
+        "interrupted": interrupted,
+        "backend": backend,
+        "score": {"min": min(scores), "max": max(scores), "mean": statistics.fmean(scores), "median": statistics.median(scores)} if scores else {},
+        "duration_ms": {"mean": statistics.fmean(durations), "median": statistics.median(durations), "max": max(durations)} if durations else {},
+        "wall_s": round(wall_s, 3),
+    }
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
+def plain_progress(message: str, done: int, total: int) -> None:
+    print(f"[{done}/{total}] {message}", file=sys.stderr, flush=True)

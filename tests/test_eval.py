@@ -1,0 +1,164 @@
+"""`softprobe-gym eval`: a suite end to end, resume, interruption, validation, and the report in a browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from softprobe.gym import labels as L
+from softprobe.gym.suite import SuiteError, load_suite
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "images" / "support-desk" / "examples"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def run_eval(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "softprobe.gym.cli", "eval", *args],
+                          capture_output=True, text=True, timeout=600, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory, docker_engine) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("eval")
+    return out, run_eval(str(EXAMPLES / "suite.yaml"), "--out", str(out))
+
+
+@pytest.mark.docker
+def test_the_example_suite_runs_end_to_end(example_run):
+    out, done = example_run
+    assert done.returncode == 1, done.stderr  # one task fails on purpose
+    assert "4/5 tasks passed (1 failed" in done.stdout
+    results = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert set(results) == {"refund-a42", "no-refund-a7", "list-accounts", "note-from-seed", "wrong-account-fails"}
+    assert [i for i, r in results.items() if not r["passed"]] == ["wrong-account-fails"]
+    assert results["wrong-account-fails"]["reason"] == 'Expected output to contain "A-42"'
+    refund = results["refund-a42"]
+    assert refund["steps"] == 3 and refund["reward_total"] == 5.0
+    assert [r["components"] for r in refund["rewards"]][1] == {"note_written": 1.0, "no_error": 1.0}
+    assert refund["trajectory_digest"].startswith("sha256:") and len(refund["source_trace_id"]) == 32
+    assert Path(refund["artifacts"], "workspace", "refund-note.md").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["planned"], summary["passed"], summary["failed"], summary["pass_rate"]) == (5, 4, 1, 0.8)
+    assert (out / "report.html").stat().st_size > 5000
+
+
+@pytest.mark.docker
+def test_resume_skips_finished_tasks(example_run, tmp_path):
+    out, _ = example_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "tasks" / "list-accounts.json").unlink()
+    again = run_eval(str(EXAMPLES / "suite.yaml"), "--out", str(copy), "--resume")
+    assert again.returncode == 1
+    assert "resuming: 4 tasks already finished" in again.stderr
+    assert "list-accounts: finished" in again.stderr and "refund-a42: finished" not in again.stderr
+    assert len((copy / "results.jsonl").read_text().splitlines()) == 5
+
+
+@pytest.mark.docker
+def test_exit_codes_all_pass_and_usage_error(tmp_path, docker_engine):
+    suite = tmp_path / "ok.yaml"
+    suite.write_text("tasks:\n  - id: one\n    actions:\n      - {type: terminate, output: done}\n    assert:\n      - {type: equals, value: done}\n")
+    assert run_eval(str(suite), "--out", str(tmp_path / "o")).returncode == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks:\n  - id: one\n    actions: []\n    policy: x:y\n")
+    done = run_eval(str(bad), "--out", str(tmp_path / "b"))
+    assert done.returncode == 2 and "bad.yaml:2: tasks.0" in done.stderr
+
+
+@pytest.mark.docker
+def test_an_interrupted_run_removes_its_containers_and_writes_partial_results(tmp_path, docker_engine):
+    suite = tmp_path / "slow.yaml"
+    tasks = "".join(
+        f"  - id: slow-{i}\n    actions:\n      - {{type: tool, name: shell.exec, args: {{command: 'sleep {60 if i else 0}'}}}}\n"
+        f"      - {{type: terminate, output: done}}\n"
+        for i in range(4)
+    )
+    suite.write_text(f"concurrency: 2\nlimits: {{tool_timeout_s: 120}}\ntasks:\n{tasks}")
+    out = tmp_path / "out"
+    child = subprocess.Popen([sys.executable, "-m", "softprobe.gym.cli", "eval", str(suite), "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = docker.from_env()
+    owner = f"{os.uname().nodename}:{child.pid}:"
+    running = lambda: [c for c in client.containers.list(all=True, filters={"label": L.MANAGED})
+                       if c.labels.get(L.OWNER, "").startswith(owner)]
+    deadline = time.monotonic() + 120
+    while not (out / "tasks" / "slow-0.json").exists() or len(running()) < 2:  # bounded poll on state
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.2)
+    child.send_signal(signal.SIGINT)
+    stdout, stderr = child.communicate(timeout=120)
+    assert child.returncode == 130, stderr
+    assert running() == []
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["ran"] == 1 and summary["planned"] == 4
+    client.close()
+
+
+def test_suite_errors_point_at_lines(tmp_path):
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        "name: x\n"
+        "tasks:\n"
+        "  - id: good\n"
+        "    actions: [{type: terminate}]\n"
+        "  - id: bad!\n"
+        "    actions:\n"
+        "      - {type: teleport}\n"
+        "    checks:\n"
+        "      - {name: c, file_exists: a, no_error: true}\n"
+        "  - id: good\n"
+        "    policy: no-colon\n"
+    )
+    with pytest.raises(SuiteError) as caught:
+        load_suite(suite)
+    message = str(caught.value)
+    assert f"{suite}:5: tasks.1.id" in message
+    assert f"{suite}:7: tasks.1.actions.0" in message and "teleport" in message
+    assert f"{suite}:9: tasks.1.checks.0" in message and "exactly one" in message
+    assert f"{suite}:10: tasks.2" in message and "module:function" in message
+    suite.write_text("tasks: [\n")
+    with pytest.raises(SuiteError, match="s.yaml:2: not valid YAML"):
+        load_suite(suite)
+
+
+def test_the_example_suite_is_valid():
+    suite = load_suite(EXAMPLES / "suite.yaml")
+    assert len(suite.tasks) == 5 and suite.policy(suite.tasks[2])(None, None)["name"] == "crm.list_accounts"
+
+
+@pytest.mark.docker
+def test_the_report_in_a_real_headless_browser(example_run, tmp_path):
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have chromium (bash .ci/setup test installs it)", pytrace=False)
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    out, _ = example_run
+    url = (out / "report.html").as_uri()
+    profile = tmp_path / "profile"
+    dump = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr",
+                           "--v=0", "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    dom = dump.stdout
+    assert 'id="tasks" data-ready="1"' in dom  # our script ran under the page's CSP
+    console = [line for line in dump.stderr.splitlines() if "CONSOLE" in line or "Refused to" in line]
+    assert console == [], console
+    assert "<title>support-desk examples" in dom and "pwned" not in dom.split("<body")[0]
+    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom  # agent text stays text
+    for task in ("refund-a42", "no-refund-a7", "list-accounts", "note-from-seed", "wrong-account-fails"):
+        assert task in dom
+    assert "Expected output to contain \"A-42\"" in dom or "Expected output to contain &quot;A-42&quot;" in dom
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1200,1500",
+                    f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 20_000
