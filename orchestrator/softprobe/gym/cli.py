@@ -218,7 +218,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     from softprobe.promptfoo_adapter import PromptfooAdapterError
 
-    from .eval_runner import plain_progress, run_suite
+    from .eval_runner import run_suite
     from .images import ensure_image
     from .suite import load_suite
 
