@@ -121,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--concurrency", type=int, metavar="N", help="episodes at once (default: the suite's)")
     evaluate.add_argument("--resume", action="store_true", help="skip tasks already finished in DIR")
     evaluate.add_argument("--backend", choices=["auto", "native", "cli"], help="grading backend (default: the suite's)")
+    evaluate.add_argument("--ray", metavar="auto|ADDRESS", help="run the episodes across a Ray cluster (needs the ray extra)")
     evaluate.set_defaults(run=_run_eval)
 
     images = commands.add_parser("images", help="build the project's images")
@@ -246,6 +247,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         with _progress_display() as progress:
             inner = asyncio.ensure_future(run_suite(
                 suite, args.out, concurrency=args.concurrency, resume=args.resume, backend=args.backend, progress=progress,
+                ray_address=args.ray,
             ))
             loop.add_signal_handler(signal.SIGINT, interrupt)
             try:

@@ -91,6 +91,7 @@ async def run_suite(
     resume: bool = False,
     backend: str | None = None,
     progress: Progress = lambda message, done, total: None,
+    ray_address: str | None = None,
 ) -> SuiteOutcome:
     """Run ``suite`` into ``out``; see the module docstring.
 
@@ -137,8 +138,8 @@ async def run_suite(
     concurrency = concurrency or suite.concurrency
     limit = asyncio.Semaphore(concurrency)
     interrupted = False
-    host = create_host_environment(
-        run_root=out / "runs",
+    host_options = dict(
+        run_root=(out / "runs").resolve(),
         seed_root=suite.resolve(suite.seed),
         image=suite.image,
         on_step=checks,
@@ -147,11 +148,18 @@ async def run_suite(
         max_tool_timeout_s=max(600.0, suite.limits.tool_timeout_s),
         max_containers=concurrency,
     )
+    if ray_address is not None:
+        host: Any = await _connect_ray(ray_address, suite, host_options)
+    else:
+        host = create_host_environment(**host_options)
 
     async def run_task(task: Task) -> None:
         nonlocal done
         async with limit:
-            record = await _run_one(host, suite, task, out, reward_from)
+            if ray_address is not None:
+                record = await _run_one_on_ray(host, suite, task, reward_from)
+            else:
+                record = await _run_one(host, suite, task, out, reward_from)
         (records_dir / f"{task.id}.json").write_text(record.model_dump_json())
         done += 1
         outcome = "finished" if record.ok else f"failed: {record.error}"
@@ -166,6 +174,46 @@ async def run_suite(
     outcome = await grade_records(suite, out, tasks, backend=backend or suite.backend, wall_s=time.perf_counter() - started,
                                   interrupted=interrupted)
     return outcome
+
+
+async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any]) -> Any:
+    import ray
+
+    from .distributed import DistributedHost
+
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    # Policies live next to the suite, not on the nodes: send their modules by value.
+    for task in suite.tasks:
+        if task.policy:
+            ray.cloudpickle.register_pickle_by_value(sys.modules[suite.policy(task).__module__])
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in host_options.items()}
+    return await DistributedHost.connect(**options)
+
+
+def _seed_files(suite: Suite, task: Task) -> dict[str, bytes] | None:
+    """A task's own seed files as bytes, to send to the node that runs it."""
+    if task.files is not None:
+        return {rel: content.encode() for rel, content in task.files.items()}
+    folder = suite.resolve(task.seed)
+    if folder is None:
+        return None
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+async def _run_one_on_ray(dist: Any, suite: Suite, task: Task, reward_from: Any) -> TaskRecord:
+    started = time.perf_counter()
+    spec = {
+        "episode_id": task.id,
+        "actions": suite.policy(task) if task.policy else list(task.actions or []),
+        "reward_from": reward_from if task.checks else None,
+        "max_steps": suite.limits.max_steps,
+        "seed_files": _seed_files(suite, task),
+    }
+    (outcome,) = await dist.run_rollouts([spec], concurrency=1)
+    if isinstance(outcome, BaseException):
+        return TaskRecord(id=task.id, ok=False, error=f"{type(outcome).__name__}: {outcome}", duration_ms=_ms(started))
+    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=outcome.model_dump(mode="json"))
 
 
 async def _run_one(host: Any, suite: Suite, task: Task, out: Path, reward_from: Any) -> TaskRecord:
