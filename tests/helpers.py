@@ -39,3 +39,19 @@ def host_containers(host) -> list:  # type: ignore[no-untyped-def]
         return client.containers.list(all=True, filters={"label": f"{L.HOST}={host.host_id}"})
     finally:
         client.close()
+
+
+def require_extra(module: str, extra: str):  # type: ignore[no-untyped-def]
+    """Import an optional extra's module for a test module: skip (saying why) when it is missing,
+    but fail under CI, which installs every extra."""
+    import importlib
+    import os
+
+    import pytest
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"{module} is an optional extra: pip install 'softprobe-gym[{extra}]'", allow_module_level=True)

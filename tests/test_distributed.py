@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import time
 
 import docker
 import pytest
 
-try:
-    import ray
-    from ray.cluster_utils import Cluster
-except ImportError:
-    if os.environ.get("CI"):
-        raise  # CI installs the dev extra, which has ray: never skip there
-    pytest.skip("the ray extra is not installed: pip install 'softprobe-gym[ray]'", allow_module_level=True)
+from helpers import require_extra  # noqa: E402
+
+ray = require_extra("ray", "ray")
+Cluster = require_extra("ray.cluster_utils", "ray").Cluster
 
 from helpers import SUPPORT_DESK, tool  # noqa: E402
 from softprobe.gym import create_host_environment, create_training_session  # noqa: E402

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import warnings
 
 import pytest
 
-try:
-    from gymnasium.utils.env_checker import check_env
-except ImportError:
-    if os.environ.get("CI"):
-        raise  # CI installs the dev extra, which has gymnasium: never skip there
-    pytest.skip("gymnasium is an optional extra: pip install 'softprobe-gym[gymnasium]'", allow_module_level=True)
+from helpers import require_extra  # noqa: E402
+
+check_env = require_extra("gymnasium.utils.env_checker", "gymnasium").check_env
 
 from helpers import SUPPORT_DESK  # noqa: E402
 from softprobe.gym.gymnasium import SoftprobeEnv  # noqa: E402
