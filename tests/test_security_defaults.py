@@ -30,7 +30,7 @@ async def test_docker_confines_the_container_by_default(host):
     assert host_config["NetworkMode"] == "none"
     assert host_config["CapDrop"] == ["ALL"]
     assert host_config["SecurityOpt"] == ["no-new-privileges:true"]
-    assert host_config["Init"] is True
+    assert host_config["Init"] is False  # the shim is PID 1 (and reaps orphans itself)
     assert host_config["PidsLimit"] == 256
     assert host_config["Memory"] == host_config["MemorySwap"] == 1024**3
     assert host_config["NanoCpus"] == 1_000_000_000

@@ -246,23 +246,51 @@ async def test_row_14_malformed_actions(host):
 
 
 async def test_row_15_the_shim_or_container_dies_mid_step(host):
+    # From inside, the shim cannot be killed (row 15b); these are deaths from outside.
     client = docker.from_env()
-    for how in ("kill the shim", "kill the container"):
+    for how in ("kill the shim process", "kill the container"):
         episode_id = await ready(host, how.replace(" ", "-"))
         container = container_of(episode_id)
         step = asyncio.create_task(host.step(episode_id=episode_id, action=shell("sleep 30")))
         await asyncio.sleep(0)  # let the step send its request; the kill may land before or after
-        if how == "kill the shim":
-            container.exec_run(["python3", "-c", "import os\nfor p in os.listdir('/proc'):\n"
-                                " if p.isdigit() and b'agent_shim' in open('/proc/%s/cmdline' % p, 'rb').read(): os.kill(int(p), 9)"])
+        if how == "kill the shim process":
+            container.reload()
+            os.kill(container.attrs["State"]["Pid"], signal.SIGKILL)  # the shim, seen from the host
         else:
             container.kill()
         with pytest.raises(EpisodeBrokenError, match="broken"):
             await asyncio.wait_for(step, 20)
-        assert host.state(episode_id=episode_id) is EpisodeState.RUNNING or host.state(episode_id=episode_id) is EpisodeState.READY
         await host.destroy(episode_id=episode_id)
         assert client.containers.list(all=True, filters={"label": f"{L.EPISODE}={episode_id}"}) == []
     client.close()
+
+
+async def test_row_15b_tool_processes_cannot_forge_or_kill_the_shim(host):
+    """Not a SECURITY.md row, but its premise: the agent's code runs as the shim's uid."""
+    episode_id = await ready(host)
+    forge = (
+        "import os, signal\n"
+        "out = []\n"
+        "for pid in ('1',):\n"
+        "    try:\n"
+        "        open('/proc/%s/fd/1' % pid, 'w').write('{\"id\": 2, \"ok\": true, \"result\": {}}\\n')\n"
+        "        out.append('forged')\n"
+        "    except OSError as err:\n"
+        "        out.append(type(err).__name__)\n"
+        "    try:\n"
+        "        os.kill(int(pid), signal.SIGKILL)\n"
+        "    except OSError as err:\n"
+        "        out.append(type(err).__name__)\n"
+        "print(' '.join(out))\n"
+    )
+    attempt = await host.step(episode_id=episode_id, action=py(forge))
+    assert attempt.error is None and attempt.observation.startswith("PermissionError"), attempt
+    assert "forged" not in attempt.observation
+    hello = host._episodes[episode_id].sandbox.hello
+    assert hello.pid == 1 and hello.hardened
+    await still_works(host, episode_id)  # SIGKILL to the namespace's init from inside is ignored
+    listing = await processes(host, episode_id)
+    assert listing.splitlines()[0].startswith("1 ") and "agent_shim.py" in listing.splitlines()[0]
 
 
 async def test_row_16_a_sigkilled_host_leaves_nothing_gc_cannot_find(tmp_path, host):

@@ -43,7 +43,6 @@ class ContainerSettings(BaseModel):
             default set.
         cap_add: capabilities to add back after dropping all.
         no_new_privileges: forbid gaining privileges through setuid binaries (default).
-        init: run an init process as PID 1 that reaps zombies (default).
         environment: variables set in the container, on top of the image's own. The host's
             environment is never passed in.
         extra_hosts / dns: left out on purpose; with ``network="none"`` they have no effect.
@@ -62,7 +61,6 @@ class ContainerSettings(BaseModel):
     drop_capabilities: bool = True
     cap_add: tuple[str, ...] = ()
     no_new_privileges: bool = True
-    init: bool = True
     environment: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("memory")

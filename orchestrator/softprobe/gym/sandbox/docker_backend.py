@@ -399,7 +399,9 @@ def _host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
     memory = settings.memory
     kwargs: dict[str, Any] = {
         "network_mode": settings.network,
-        "init": settings.init,
+        # The shim itself is PID 1 (it reaps orphans): with Docker's init, a same-uid init process
+        # would hold the protocol pipes where tool processes could reach them.
+        "init": False,
         "pids_limit": settings.pids_limit,
         "mem_limit": memory,
         "memswap_limit": memory,  # equal to memory: no swap beyond the limit

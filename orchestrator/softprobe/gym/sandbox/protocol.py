@@ -81,6 +81,8 @@ class HelloResult(BaseModel):
     workspace_digest: str
     workspace_files: list[str]
     digest_mode: str = "scan"
+    pid: int = 0
+    hardened: bool = False
 
 
 class CallResult(BaseModel):

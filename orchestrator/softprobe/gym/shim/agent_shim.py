@@ -17,6 +17,8 @@ Responses: ``{"id": N, "ok": true, "result": ...}`` or, when the request itself 
 failed request: its result carries ``error`` and an observation that tells the agent the same.
 
 Invariants the host relies on:
+- the shim is the container's PID 1 and not dumpable, so tool processes (same uid) can neither
+  open its protocol pipes through /proc nor signal it: they cannot forge a response;
 - no process started by a tool outlives its step (the shim kills every other process of the
   container but init and itself once a subprocess tool returns), so the workspace cannot change
   between steps and ``workspace_digest`` describes the world the next step starts from;
@@ -483,6 +485,7 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
     proc.stdout.close()
     exit_code = proc.wait()
     kill_strays()
+    reap_orphans()
     diagnostics = {
         "exit_code": exit_code,
         "command_ms": round((time.monotonic() - started) * 1000, 3),
@@ -520,6 +523,29 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
     return exit_code, output, diagnostics
 
 
+def reap_orphans():
+    """As PID 1, collect the exit status of orphaned processes (no zombies pile up)."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def harden():
+    """Make this process non-dumpable: its /proc entries (fds included) become root's, so
+    processes of the same uid cannot open its pipes or ptrace it. Returns whether it worked."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):
+        return False
+
+
 def _pidfd(pid):
     try:
         return os.pidfd_open(pid)
@@ -540,6 +566,7 @@ def _kill_group(pgid):
 
 class Shim:
     def __init__(self, workspace, manifest_path, digest_mode="inotify"):
+        self.hardened = False
         self.workspace = os.path.realpath(workspace)
         self.index = WorkspaceIndex(self.workspace)
         self.tracker = ChangeTracker(self.workspace) if digest_mode == "inotify" else None
@@ -616,6 +643,8 @@ class Shim:
             "workspace_digest": self.index.digest,
             "workspace_files": sorted(printable(p) for p, e in self.index.entries.items() if e[0] == "f"),
             "digest_mode": "inotify" if self.tracker is not None and self.tracker.usable else "scan",
+            "pid": os.getpid(),
+            "hardened": self.hardened,
         }
 
     def call(self, request):
@@ -985,7 +1014,9 @@ def main(argv):
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(2, 1)
+    hardened = harden()
     shim = Shim(workspace, manifest, digest_mode)
+    shim.hardened = hardened
     reader = _LineReader(stdin)
     while True:
         line = reader.readline()
