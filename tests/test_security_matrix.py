@@ -21,7 +21,7 @@ import pytest
 
 from faulty_docker import FaultyDockerProxy
 from helpers import SUPPORT_DESK, processes, ready, tool
-from softprobe.gym import EpisodeBrokenError, EpisodeState, create_host_environment
+from softprobe.gym import EpisodeBrokenError, create_host_environment
 from softprobe.gym import labels as L
 
 pytestmark = pytest.mark.docker

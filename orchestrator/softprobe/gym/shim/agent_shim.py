@@ -405,9 +405,9 @@ def _oom_kills():
 
 
 def kill_strays():
-    """SIGKILL every process in the container except init and the shim itself."""
+    """SIGKILL every process in the container but init and the shim; return how many still live."""
     me, uid = os.getpid(), os.getuid()
-    killed = 0
+    alive = 0
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -417,11 +417,29 @@ def kill_strays():
         try:
             if os.stat("/proc/%d" % pid).st_uid != uid and uid != 0:
                 continue
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue  # already dead, waiting to be reaped
             os.kill(pid, signal.SIGKILL)
-            killed += 1
-        except OSError:
+            alive += 1
+        except (OSError, IndexError):
             pass
-    return killed
+    return alive
+
+
+def clear_processes(timeout_s=5.0):
+    """Kill every other process and reap it: when this returns, only the shim (and init) remain.
+
+    SIGKILL takes effect asynchronously and a process may fork between two sweeps (a fork bomb),
+    so sweep, kill and reap until nothing is left, for at most ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = kill_strays()
+        reap_orphans()
+        if alive == 0 or time.monotonic() > deadline:
+            return
+        time.sleep(0.001)
 
 
 def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
@@ -484,8 +502,7 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
     _kill_group(proc.pid)
     proc.stdout.close()
     exit_code = proc.wait()
-    kill_strays()
-    reap_orphans()
+    clear_processes()
     diagnostics = {
         "exit_code": exit_code,
         "command_ms": round((time.monotonic() - started) * 1000, 3),
