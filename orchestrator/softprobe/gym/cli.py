@@ -74,13 +74,15 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench",
-        help="measure steps, resets, checkpoints and forks next to raw Docker doing the same work",
+        help="measure steps, resets, checkpoints, forks, throughput and memory next to raw Docker",
         description=(
             "Measure, interleaved in one run: an fs.read step vs `docker exec cat`, a shell.exec "
-            "step vs `docker exec true`, a cold reset vs a raw create + put_archive + start, a "
-            "checkpoint vs `docker commit`, and forks (prefix re-execution of 1 and 10 steps, "
-            "checkpoint import) next to the create + copy + start floor. Prints median, p99 and "
-            "the speedup; cleans up after itself."
+            "step vs `docker exec true`, the step overhead over a bare shim round trip, cold and "
+            "warm resets vs a raw create + put_archive + start, a checkpoint vs `docker commit`, "
+            "forks (prefix re-execution of 1 and 10 steps, checkpoint import), 1 to 64 episodes "
+            "stepping at once vs bare round trips, a step in a 10,000-file workspace vs an empty "
+            "one, the memory of an idle episode, and a full support-desk rollout. Prints median, "
+            "p99, the baseline and the ratio; cleans up after itself."
         ),
     )
     bench.add_argument("--image", default="softprobe/support-desk:latest", help="image to measure on (default: %(default)s)")
