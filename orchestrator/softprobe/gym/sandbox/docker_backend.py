@@ -14,6 +14,7 @@ import json
 import os
 import tarfile
 import tempfile
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,7 @@ class DockerBackend(SandboxBackend):
         self._client: docker.DockerClient | None = None
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="softprobe-docker")
         self._image_info: dict[str, _ImageInfo] = {}
-        self._seed_archives: dict[tuple[Any, ...], bytes] = {}
+        self._seed_archives: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -161,11 +162,10 @@ class DockerBackend(SandboxBackend):
         seed = spec.seed_root if spec.copy_seed else None
         # Small seeds travel through the shim after start (no extra Docker call); large ones,
         # and the shim itself for images that lack it, go in by one archive before start.
-        seed_by_shim = seed is not None and _tree_size(seed) <= SEED_BY_SHIM_MAX
-        archive = None
-        if seed is not None and not seed_by_shim:
-            archive = await self._run(self._seed_archive, seed, info)
-        elif not info.shim_baked:
+        archive, shim_seed = None, None
+        if seed is not None:
+            archive, shim_seed = await self._run(self._prepare_seed, seed, info)
+        if archive is None and not info.shim_baked:
             archive = build_seed_archive(
                 None, uid=info.uid, gid=info.gid, extra={SHIM_PATH: _SHIM_SOURCE}, workspace=spec.copy_seed
             )
@@ -183,8 +183,8 @@ class DockerBackend(SandboxBackend):
                 getattr(attach, "close", lambda: None)()
                 raise
             sandbox = DockerSandbox(self, container_id, info.image_id, client, hello, info.user)
-            if seed_by_shim:
-                await sandbox.seed(seed)
+            if shim_seed is not None:
+                await sandbox.seed_archive(shim_seed)
         except SandboxLostError as err:
             await self._run(self._remove, container_id)
             raise SandboxStartError(
@@ -260,15 +260,40 @@ class DockerBackend(SandboxBackend):
         finally:
             self._remove(container["Id"])
 
-    def _seed_archive(self, seed_root: Path | None, info: _ImageInfo) -> bytes:
-        signature = _tree_signature(seed_root) if seed_root else None
-        key = (seed_root, signature, info.uid, info.gid, info.shim_baked)
-        if key not in self._seed_archives:
-            extra = {} if info.shim_baked else {SHIM_PATH: _SHIM_SOURCE}
-            self._seed_archives.clear()  # keep only the newest: seeds can be large
-            self._seed_archives[key] = build_seed_archive(
-                seed_root, uid=info.uid, gid=info.gid, extra=extra
-            )
+    def _prepare_seed(self, seed_root: Path, info: _ImageInfo) -> tuple[bytes | None, bytes | None]:
+        """The seed as (an archive to put before start, or one for the shim's seed op).
+
+        One walk of the tree per reset; the archive is rebuilt only when the tree changed.
+        """
+        signature = _tree_signature(seed_root)
+        if not signature:
+            return None, None
+        if sum(entry[2] for entry in signature) <= SEED_BY_SHIM_MAX:
+            return None, self._shim_seed(seed_root, signature)
+        key = ("put", seed_root, signature, info.uid, info.gid, info.shim_baked)
+        extra = {} if info.shim_baked else {SHIM_PATH: _SHIM_SOURCE}
+        return self._cached_archive(
+            key, lambda: build_seed_archive(seed_root, uid=info.uid, gid=info.gid, extra=extra)
+        ), None
+
+    def _shim_seed(self, seed_root: Path, signature: tuple[Any, ...] | None = None) -> bytes | None:
+        """The seed as a tar for the shim's seed op (names relative to the workspace), or None."""
+        signature = _tree_signature(seed_root) if signature is None else signature
+        if not signature:
+            return None
+        return self._cached_archive(
+            ("shim", seed_root, signature),
+            lambda: build_seed_archive(seed_root, uid=0, gid=0, workspace=False, prefix=""),
+        )
+
+    def _cached_archive(self, key: tuple[Any, ...], build: Callable[[], bytes]) -> bytes:
+        # A few recent seeds (a suite's tasks have their own); seeds can be large.
+        if key in self._seed_archives:
+            self._seed_archives.move_to_end(key)
+        else:
+            self._seed_archives[key] = build()
+            while len(self._seed_archives) > 8:
+                self._seed_archives.popitem(last=False)
         return self._seed_archives[key]
 
     @control_plane
@@ -456,19 +481,9 @@ def _last_json_line(response: Any) -> dict[str, Any]:
         return {"status": text[-300:]}
 
 
-def _tree_size(root: Path) -> int:
-    total = 0
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                continue
-    return total
-
-
 def _tree_signature(root: Path) -> tuple[Any, ...]:
-    """Cheap identity of a seed tree (names, sizes, mtimes) to know when to rebuild its archive."""
+    """Cheap identity of a seed tree: (folder, name, size, mtime, mode) per entry, to know when to
+    rebuild its archive (and, summed, how big it is)."""
     entries = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -513,9 +528,13 @@ class DockerSandbox(Sandbox):
         )
 
     async def seed(self, seed_root: Path | None) -> HelloResult:
-        if seed_root is None or not any(seed_root.iterdir()):
+        if seed_root is None:
             return self.hello
-        archive = build_seed_archive(seed_root, uid=0, gid=0, workspace=False, prefix="")
+        archive = await self._backend._run(self._backend._shim_seed, seed_root)
+        return self.hello if archive is None else await self.seed_archive(archive)
+
+    async def seed_archive(self, archive: bytes) -> HelloResult:
+        """Have the shim extract ``archive`` (names relative to the workspace)."""
         self.hello = await self._shim.seed(archive)
         return self.hello
 
