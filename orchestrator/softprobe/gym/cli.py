@@ -238,8 +238,6 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     async def main() -> object:
         loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
 
         def interrupt() -> None:
             print("softprobe-gym: interrupted: stopping, removing running episodes...", file=sys.stderr)
@@ -256,7 +254,6 @@ def _run_eval(args: argparse.Namespace) -> int:
                 return await inner
             finally:
                 loop.remove_signal_handler(signal.SIGINT)
-        del task
 
     try:
         outcome = asyncio.run(main())

@@ -105,8 +105,9 @@ class _Node:
     node_id: str
     actor: Any
     episodes: set[str] = field(default_factory=set)
-    images: set[str] = field(default_factory=set)  # image ids known to be present
+    images: set[str] = field(default_factory=set)  # image references known to be present
     lost: str | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one image check at a time
 
 
 class DistributedHost:
@@ -169,28 +170,44 @@ class DistributedHost:
             raise NodeLostError(node.node_id, episode_id, node.lost) from None
 
     async def _ship_image(self, node: _Node) -> None:
-        """Make sure ``node`` has the seed image, loading it from the driver's engine if not."""
+        """Make sure ``node`` has the seed image, loading it from the driver's engine if not.
+
+        Checked once per node; the driver's Docker calls run off the event loop.
+        """
         image = self._options.get("image", "softprobe/base:latest")
+        async with node.lock:
+            if image in node.images:
+                return
+            present = await self._on(node, None, node.actor.image_id.remote(image))
+            wanted = await asyncio.to_thread(self._driver_image_id, image)
+            if present is None or (wanted is not None and present != wanted):
+                blob = await asyncio.to_thread(self._image_blob, image)
+                await self._on(node, None, node.actor.load_image.remote(ray.put(blob)))
+            node.images.add(image)
+
+    def _driver_image_id(self, image: str) -> str | None:
+        """The image's id on the driver's engine, or None (then a saved copy is what ships)."""
         import docker
 
         client = docker.from_env()
         try:
-            wanted = client.images.get(image).id if image not in self._blobs else None
+            return str(client.images.get(image).id)
         except docker.errors.ImageNotFound:
-            wanted = None
-        if wanted is not None and wanted in node.images:
+            return None
+        finally:
             client.close()
-            return
-        present = await self._on(node, None, node.actor.image_id.remote(image))
-        if present is not None and (wanted is None or present == wanted):
-            node.images.add(present)
-            client.close()
-            return
+
+    def _image_blob(self, image: str) -> bytes:
+        """``docker save`` of the image, made once per image."""
         if image not in self._blobs:
-            self._blobs[image] = b"".join(client.images.get(image).save(named=True))
-        client.close()
-        loaded = await self._on(node, None, node.actor.load_image.remote(ray.put(self._blobs[image])))
-        node.images.update(loaded)
+            import docker
+
+            client = docker.from_env()
+            try:
+                self._blobs[image] = b"".join(client.images.get(image).save(named=True))
+            finally:
+                client.close()
+        return self._blobs[image]
 
     async def create_episode(self, *, episode_id: str | None = None, **kwargs: Any) -> Any:
         node = self._least_loaded()

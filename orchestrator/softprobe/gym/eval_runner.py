@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from .errors import GymError
 from .export import trajectory_steps
 from .host import create_host_environment
-from .session import create_training_session
+from .session import RolloutResult, create_training_session
 from .splits import assert_no_leakage, partition_train_eval
 from .suite import Suite, Task
 
@@ -237,7 +237,7 @@ async def _run_one(host: Any, suite: Suite, task: Task, out: Path, reward_from: 
         result = await session.finalize()
         await host.destroy(episode_id=task.id)
         return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=result.model_dump(mode="json"))
-    except (GymError, Exception) as err:  # a task's failure is its result; other tasks go on
+    except Exception as err:  # a task's failure is its result; other tasks go on
         try:
             await host.destroy(episode_id=task.id)
         except GymError:
@@ -261,10 +261,7 @@ async def grade_records(
     gradable = [t for t in tasks if t.id in records and records[t.id].ok]
     cases = []
     for task in gradable:
-        rollout = records[task.id].rollout or {}
-        from .session import RolloutResult
-
-        result = RolloutResult.model_validate(rollout)
+        result = RolloutResult.model_validate(records[task.id].rollout or {})
         cases.append({
             "attempt_id": task.id, "final_output": result.final_output,
             "trajectory_digest": result.trajectory_digest, "source_trace_id": result.source_trace_id,

@@ -196,9 +196,8 @@ def _record_lines(node: Any, path: tuple[Any, ...], lines: dict[tuple[Any, ...],
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             child = path + (key.value,)
-            lines[child] = key.start_mark.line + 1
             _record_lines(value, child, lines)
-            lines[child] = key.start_mark.line + 1
+            lines[child] = key.start_mark.line + 1  # the key's line, not its value's
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             _record_lines(item, path + (index,), lines)

@@ -301,26 +301,25 @@ def _bleu(p: _Params) -> Grade:
 # -- measured --------------------------------------------------------------------------------------
 
 
-def _latency(p: _Params) -> Grade:
+def _measured(p: _Params, value: float | None, what: str, field: str, shown: str, unit: str = "") -> Grade:
+    """latency and cost: pass when the caller-supplied value is at most the threshold."""
     if p.assertion.threshold is None:
-        raise InvalidAssertion("Latency assertion must have a threshold in milliseconds")
-    if p.case.latency_ms is None:
-        raise InvalidAssertion("Latency assertion needs the rollout's latency_ms")
-    passed = (p.case.latency_ms <= p.assertion.threshold) != p.inverse
+        raise InvalidAssertion(f"{what} assertion must have a threshold")
+    if value is None:
+        raise InvalidAssertion(f"{what} assertion needs the rollout's {field}")
+    passed = (value <= p.assertion.threshold) != p.inverse
     comparison = "less than or equal to" if p.inverse else "greater than"
-    return _result(
-        p, passed, f"Latency {js_number(p.case.latency_ms)}ms is {comparison} threshold {js_number(p.assertion.threshold)}ms"
-    )
+    return _result(p, passed, f"{what} {shown}{unit} is {comparison} threshold {js_number(p.assertion.threshold)}{unit}")
+
+
+def _latency(p: _Params) -> Grade:
+    value = p.case.latency_ms
+    return _measured(p, value, "Latency", "latency_ms", js_number(value) if value is not None else "", "ms")
 
 
 def _cost(p: _Params) -> Grade:
-    if p.assertion.threshold is None:
-        raise InvalidAssertion("Cost assertion must have a threshold")
-    if p.case.cost is None:
-        raise InvalidAssertion("Cost assertion needs the rollout's cost")
-    passed = (p.case.cost <= p.assertion.threshold) != p.inverse
-    comparison = "less than or equal to" if p.inverse else "greater than"
-    return _result(p, passed, f"Cost {p.case.cost:.2g} is {comparison} threshold {js_number(p.assertion.threshold)}")
+    value = p.case.cost
+    return _measured(p, value, "Cost", "cost", f"{value:.2g}" if value is not None else "")
 
 
 # -- python ----------------------------------------------------------------------------------------
