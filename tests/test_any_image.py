@@ -34,8 +34,9 @@ async def test_a_plain_python_image_gets_the_shim_injected(tmp_path, seed_root, 
         assert reset.observation["tools"] == ["fs.read", "fs.write", "fs.list", "fs.delete", "shell.exec"]
         assert sorted(reset.observation["workspace_files"]) == ["docs/guide.md", "hello.txt"]
         who = await host.step(episode_id="plain", action=tool("shell.exec", command="id -u; ls /opt/softprobe"))
-        # No agent account there, so root; but root without capabilities or new privileges.
-        assert who.observation == "0\nagent_shim.py\n"
+        # No agent account there: tools still run under the episode's own uid, never root.
+        uid, listing = who.observation.split("\n", 1)
+        assert int(uid) >= 1 << 20 and listing == "agent_shim.py\n"
         read = await host.step(episode_id="plain", action=tool("fs.read", path="hello.txt"))
         assert read.observation == "hello from the seed\n"
 

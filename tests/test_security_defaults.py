@@ -39,7 +39,12 @@ async def test_docker_confines_the_container_by_default(host):
     assert host_config["LogConfig"]["Type"] == "none"
     assert host_config["Binds"] in (None, [])
     assert host_config["Privileged"] is False
-    assert config["User"] == "1000:1000"
+    # The shim is container-root with only what it needs to drop privileges for every tool.
+    assert config["User"] == "0"
+    assert sorted(host_config["CapAdd"]) == ["CAP_CHOWN", "CAP_DAC_READ_SEARCH", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"] or \
+        sorted(host_config["CapAdd"]) == ["CHOWN", "DAC_READ_SEARCH", "KILL", "SETGID", "SETUID"]
+    assert config["Entrypoint"][:3] == ["python3", "-I", "-u"]
+    assert int(config["Labels"][L.AGENT_UID]) >= 1 << 20
     labels = config["Labels"]
     assert labels[L.EPISODE] == episode_id and labels[L.OWNER] == L.current_owner()
     assert labels[L.HOST] == host.host_id and labels[L.MANAGED] == "true"
@@ -55,7 +60,7 @@ async def test_inside_the_container_the_agent_has_no_privileges_network_or_host_
     )
     result = await host.step(episode_id=episode_id, action=tool("shell.exec", command=probe))
     out = result.observation
-    assert out.splitlines()[0] == "1000"
+    assert int(out.splitlines()[0]) >= 1 << 20  # the episode's own uid, not the host user's
     assert "CapEff:\t0000000000000000" in out and "NoNewPrivs:\t1" in out
     assert "\n1024\n0\n" in out
     assert "hunter2" not in out and "SOFTPROBE_TEST_HOST_SECRET" not in out

@@ -167,7 +167,7 @@ async def test_row_08_setuid_escalation_fails(host):
     status = await host.step(episode_id=episode_id, action=shell("grep -E '^(NoNewPrivs|CapEff|Uid)' /proc/self/status"))
     assert "NoNewPrivs:\t1" in status.observation and "CapEff:\t0000000000000000" in status.observation
     su = await host.step(episode_id=episode_id, action=shell("su -c id root < /dev/null; id -u"))
-    assert su.observation.strip().splitlines()[-1] == "1000"
+    assert int(su.observation.strip().splitlines()[-1]) >= 1 << 20  # still the episode's uid
     setuid = await host.step(episode_id=episode_id, action=py("import os; os.setuid(0)"))
     assert setuid.error.type == "command_failed" and "Operation not permitted" in setuid.diagnostics["output"]
 

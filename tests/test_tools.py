@@ -15,8 +15,11 @@ async def test_seed_files_are_copied_into_the_workspace_with_their_modes(host):
     reset = await host.reset(episode_id="ep")
     assert sorted(reset.observation["workspace_files"]) == ["docs/guide.md", "hello.txt"]
     assert reset.diagnostics["workspace_digest"].startswith("sha256:")
-    listing = await host.step(episode_id="ep", action=tool("shell.exec", command="stat -c '%a %u %n' hello.txt docs"))
-    assert listing.observation.splitlines() == ["640 1000 hello.txt", "755 1000 docs"]
+    listing = await host.step(episode_id="ep", action=tool("shell.exec", command="id -u; stat -c '%a %u %n' hello.txt docs"))
+    agent_uid, *modes = listing.observation.splitlines()
+    # Owned by the episode's own uid (allocated per container, never the host's user).
+    assert int(agent_uid) >= 1 << 20
+    assert modes == [f"640 {agent_uid} hello.txt", f"755 {agent_uid} docs"]
     assert episode_id.episode_id == "ep"
 
 

@@ -351,6 +351,9 @@ class HostEnvironment:
             assert episode.sandbox is not None
             checkpoint_id = f"ckpt-{uuid.uuid4().hex[:16]}"
             labels = self._labels(episode_id) | {L.CHECKPOINT: checkpoint_id}
+            # What is committed is described by a digest taken now, after a sweep, not by the
+            # last step's (incremental) one.
+            episode.workspace_digest = await episode.sandbox.rescan()
             image_id = await episode.sandbox.commit(labels=labels)
             subject_state = None
             if self._subject is not None:
@@ -545,6 +548,7 @@ class HostEnvironment:
             assert episode.sandbox is not None
             store = episode.store
             store.clear_workspace()
+            episode.workspace_digest = await episode.sandbox.rescan()  # exactly what is copied out
             skipped = await episode.sandbox.copy_out("/workspace", store.dir)
             last = episode.steps[-1] if episode.steps else None
             final_output = (

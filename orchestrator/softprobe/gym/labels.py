@@ -17,6 +17,7 @@ OWNER = "softprobe.gym.owner"
 HOST = "softprobe.gym.host"
 CHECKPOINT = "softprobe.gym.checkpoint"
 POOL = "softprobe.gym.pool"
+AGENT_UID = "softprobe.gym.agent-uid"  # the kernel uid the episode's tools run as
 SHIM_SHA256 = "softprobe.gym.shim-sha256"
 BUILD_HASH = "softprobe.gym.build-hash"
 IMAGE_NAME = "softprobe.gym.image"

@@ -37,14 +37,28 @@ class ContainerSettings(BaseModel):
             ``fsize`` ulimit). A write beyond it fails with ``file_too_large``.
         tmp_size: ``/tmp`` is a tmpfs of this size (counted in the memory limit, not captured
             by checkpoints); ``None`` leaves ``/tmp`` in the container's filesystem.
-        user: user to run the shim and tools as. ``None`` uses the image's ``USER`` (our images
-            use ``agent``, uid 1000). Set ``"0"`` only if tools truly need root.
+        user: ``None`` (default): the episode's tools run under a uid of its own, allocated per
+            container (never the host user's, never another episode's), and image-declared
+            tools under a second one; the shim is container-root with a few capabilities. A
+            user name or uid here makes ``shell.exec`` and file tools run as that user instead
+            (its per-uid kernel limits are then shared); ``"0"`` runs tools as root, with the
+            capabilities in ``cap_add``. Set it only if tools truly need it.
         drop_capabilities: drop every Linux capability (default). ``False`` keeps Docker's
             default set.
-        cap_add: capabilities to add back after dropping all.
+        cap_add: capabilities to add back after dropping all (they reach tools only with
+            ``user="0"``; other tools never hold capabilities).
         no_new_privileges: forbid gaining privileges through setuid binaries (default).
         environment: variables set in the container, on top of the image's own. The host's
             environment is never passed in.
+        workspace_quota_bytes: the most the workspace may hold (bytes or a size like ``"2g"``;
+            a file counts its apparent or allocated size, whichever is larger). A step that
+            grows the workspace past it fails with ``quota_exceeded`` (a running command is
+            stopped within about 50 ms); ``None`` for no quota.
+        workspace_quota_inodes: the most files, folders and links the workspace may hold.
+        max_list_entries: ``fs.list`` returns at most this many entries (sorted by name; the
+            full count and ``truncated`` are in the diagnostics).
+        max_changed_paths: a step's ``changed_paths`` lists at most this many (then
+            ``changed_paths_truncated`` and ``changed_paths_count``).
         extra_hosts / dns: left out on purpose; with ``network="none"`` they have no effect.
     """
 
@@ -62,6 +76,17 @@ class ContainerSettings(BaseModel):
     cap_add: tuple[str, ...] = ()
     no_new_privileges: bool = True
     environment: dict[str, str] = Field(default_factory=dict)
+    workspace_quota_bytes: int | str | None = "2g"
+    workspace_quota_inodes: int | None = Field(default=250_000, ge=1)
+    max_list_entries: int = Field(default=10_000, ge=1)
+    max_changed_paths: int = Field(default=10_000, ge=1)
+
+    @field_validator("workspace_quota_bytes")
+    @classmethod
+    def _quota_is_a_size(cls, value: int | str | None) -> int | str | None:
+        if value is not None and parse_size(value) < 1024 * 1024:
+            raise ValueError("workspace_quota_bytes must be at least 1 MiB")
+        return value
 
     @field_validator("memory")
     @classmethod

@@ -64,6 +64,16 @@ class Sandbox(ABC):
         """
 
     @abstractmethod
+    async def rescan(self) -> str:
+        """The workspace digest from a full walk, after killing every process but the shim.
+
+        What ``finalize`` and ``checkpoint`` record: it trusts no incremental tracking.
+
+        Raises:
+            SandboxLostError: as for ``call_tool``.
+        """
+
+    @abstractmethod
     async def exists(self, path: str) -> bool:
         """Whether ``path`` (relative to the workspace) exists. Raises SandboxLostError."""
 

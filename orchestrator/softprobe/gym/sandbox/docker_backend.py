@@ -40,6 +40,7 @@ from .archive import build_seed_archive, safe_extract
 from .attach_channel import AttachChannel
 from .base import Sandbox, SandboxBackend, SandboxSpec, SweepReport
 from .protocol import CallResult, HelloResult
+from .uids import EpisodeIds, UidAllocator
 from .retry import control_plane, is_transient
 from .shim_client import ShimClient
 
@@ -141,6 +142,7 @@ class DockerBackend(SandboxBackend):
         self._client: docker.DockerClient | None = None
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="softprobe-docker")
         self._image_info: dict[str, _ImageInfo] = {}
+        self._uids = UidAllocator()
         self._seed_archives: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -165,11 +167,19 @@ class DockerBackend(SandboxBackend):
         archive, shim_seed = None, None
         if seed is not None:
             archive, shim_seed = await self._run(self._prepare_seed, seed, info)
-        if archive is None and not info.shim_baked:
+        # A checkpoint image's shim file is never trusted: the library's own is put over it.
+        if archive is None and (not info.shim_baked or not spec.copy_seed):
             archive = build_seed_archive(
                 None, uid=info.uid, gid=info.gid, extra={SHIM_PATH: _SHIM_SOURCE}, workspace=spec.copy_seed
             )
-        container_id = await self._run(self._create, spec, info)
+        elif archive is not None and not spec.copy_seed:
+            raise SandboxError("a checkpoint image is started without seed files")
+        ids = self._uids.allocate(spec.settings, info)
+        try:
+            container_id = await self._run(self._create, spec, info, ids)
+        except BaseException:
+            self._uids.release(ids)
+            raise
         try:
             if archive is not None:
                 await self._run(self._put_archive, container_id, archive)
@@ -182,17 +192,25 @@ class DockerBackend(SandboxBackend):
             except BaseException:
                 getattr(attach, "close", lambda: None)()
                 raise
-            sandbox = DockerSandbox(self, container_id, info.image_id, client, hello, info.user)
+            if hello.shim_sha256 != SHIM_SHA256:
+                raise SandboxStartError(
+                    f"the shim in a container of {spec.image!r} is not this library's (sha256 "
+                    f"{hello.shim_sha256[:12] or 'unknown'}, expected {SHIM_SHA256[:12]}); rebuild the "
+                    "image with `softprobe-gym images build`"
+                )
+            sandbox = DockerSandbox(self, container_id, info.image_id, client, hello, info.user, ids)
             if shim_seed is not None:
                 await sandbox.seed_archive(shim_seed)
         except SandboxLostError as err:
             await self._run(self._remove, container_id)
+            self._uids.release(ids)
             raise SandboxStartError(
                 f"the shim in a container of {spec.image!r} did not start: {err}. The image needs "
                 "python3 (>= 3.8) on PATH and a /bin/sh."
             ) from None
         except BaseException:
             await asyncio.shield(self._run(self._remove, container_id))
+            self._uids.release(ids)
             raise
         return sandbox
 
@@ -297,20 +315,25 @@ class DockerBackend(SandboxBackend):
         return self._seed_archives[key]
 
     @control_plane
-    def _create(self, spec: SandboxSpec, info: _ImageInfo) -> str:
+    def _create(self, spec: SandboxSpec, info: _ImageInfo, ids: EpisodeIds) -> str:
         settings = spec.settings
         api = self.client.api
         host_config = api.create_host_config(**_host_config_kwargs(settings))
         response = api.create_container(
             info.image_id,
-            entrypoint=["python3", "-u", SHIM_PATH, "--workspace", WORKSPACE, "--digest", spec.digest_mode],
+            # -I: no user site, no PYTHON* variables, no script folder on sys.path, so nothing
+            # the agent plants is imported by the shim.
+            entrypoint=["python3", "-I", "-u", SHIM_PATH, "--workspace", WORKSPACE,
+                        "--digest", spec.digest_mode, *_shim_options(settings, ids)],
             command=[],
-            user=info.user or "",
+            # The shim runs as container-root with a handful of capabilities and drops them for
+            # every tool (see _SHIM_CAPABILITIES).
+            user="0",
             working_dir=WORKSPACE,
             stdin_open=True,
             tty=False,
             environment=dict(settings.environment),
-            labels=dict(spec.labels),
+            labels={**spec.labels, L.AGENT_UID: str(ids.agent_uid)},
             network_disabled=settings.network == "none",
             host_config=host_config,
         )
@@ -420,6 +443,26 @@ class DockerBackend(SandboxBackend):
             self._client = None
 
 
+#: What the shim (container-root) keeps: become the agent or tool uid (SETUID/SETGID), kill every
+#: process after a step (KILL), give checkpoint and seed files to the episode's uid (CHOWN), read
+#: every workspace file for the digest, mode 000 included (DAC_READ_SEARCH). Tools get none: they
+#: are exec'ed under a non-zero uid with no_new_privs.
+_SHIM_CAPABILITIES = ("CHOWN", "DAC_READ_SEARCH", "KILL", "SETGID", "SETUID")
+
+
+def _shim_options(settings: ContainerSettings, ids: EpisodeIds) -> list[str]:
+    options = [
+        "--quota-bytes", str(parse_size(settings.workspace_quota_bytes or 0)),
+        "--quota-inodes", str(settings.workspace_quota_inodes or 0),
+        "--max-list-entries", str(settings.max_list_entries),
+        "--max-changed-paths", str(settings.max_changed_paths),
+    ]
+    if ids.agent_uid:
+        options += ["--agent-uid", str(ids.agent_uid), "--agent-gid", str(ids.agent_gid),
+                    "--tool-uid", str(ids.tool_uid), "--tool-gid", str(ids.tool_gid)]
+    return options
+
+
 def _host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
     memory = settings.memory
     kwargs: dict[str, Any] = {
@@ -446,7 +489,8 @@ def _host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
         kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={settings.tmp_size},mode=1777"}
     if settings.drop_capabilities:
         kwargs["cap_drop"] = ["ALL"]
-    if settings.cap_add:
+        kwargs["cap_add"] = sorted(set(_SHIM_CAPABILITIES) | set(settings.cap_add))
+    elif settings.cap_add:
         kwargs["cap_add"] = list(settings.cap_add)
     return kwargs
 
@@ -507,8 +551,10 @@ class DockerSandbox(Sandbox):
         client: ShimClient,
         hello: HelloResult,
         user: str | None,
+        ids: EpisodeIds,
     ) -> None:
         self._backend = backend
+        self.ids = ids
         self.sandbox_id = container_id
         self.image_id = image_id
         self.hello = hello
@@ -537,6 +583,9 @@ class DockerSandbox(Sandbox):
         """Have the shim extract ``archive`` (names relative to the workspace)."""
         self.hello = await self._shim.seed(archive)
         return self.hello
+
+    async def rescan(self) -> str:
+        return (await self._shim.rescan()).workspace_digest
 
     async def exists(self, path: str) -> bool:
         return await self._shim.exists(path)
@@ -586,7 +635,10 @@ class DockerSandbox(Sandbox):
             return
         self._removed = True
         self._shim.close()
-        await asyncio.shield(self._backend._run(self._backend._remove, self.sandbox_id))
+        try:
+            await asyncio.shield(self._backend._run(self._backend._remove, self.sandbox_id))
+        finally:
+            self._backend._uids.release(self.ids)
 
 
 __all__ = ["DockerBackend", "DockerSandbox", "connect_docker", "is_transient", "shim_source"]

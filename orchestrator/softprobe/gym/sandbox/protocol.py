@@ -52,7 +52,18 @@ class SeedRequest(_Request):
     archive: str
 
 
-ShimRequest = Union[HelloRequest, CallRequest, ExistsRequest, ReadTextRequest, SeedRequest]
+class RescanRequest(_Request):
+    """Sweep every process, then walk the whole workspace: a digest that trusts no tracker."""
+
+    op: Literal["rescan"] = "rescan"
+
+
+class RescanResult(BaseModel):
+    workspace_digest: str
+    workspace_digest_complete: bool = True
+
+
+ShimRequest = Union[HelloRequest, CallRequest, ExistsRequest, ReadTextRequest, SeedRequest, RescanRequest]
 
 
 class ShimFailure(BaseModel):
@@ -75,11 +86,16 @@ class HelloResult(BaseModel):
     protocol: int
     shim_version: str
     python: str
-    uid: int
+    uid: int  # the agent's uid: what shell.exec runs as and file tools act as
+    shim_uid: int = 0
+    tool_uid: int = 0  # what image-declared tools run as
+    shim_sha256: str = ""
     workspace: str
     tools: list[ToolInfo]
     workspace_digest: str
-    workspace_files: list[str]
+    workspace_digest_complete: bool = True
+    workspace_files: list[str]  # at most max_list_entries, sorted
+    workspace_files_count: int = 0
     digest_mode: str = "scan"
     pid: int = 0
     hardened: bool = False

@@ -17,6 +17,8 @@ from .protocol import (
     HelloRequest,
     HelloResult,
     ReadTextRequest,
+    RescanRequest,
+    RescanResult,
     SeedRequest,
     ShimRequest,
     ShimResponse,
@@ -84,6 +86,9 @@ class ShimClient:
     async def read_text(self, path: str, *, max_bytes: int) -> str:
         result = await self._request(ReadTextRequest(path=path, max_bytes=max_bytes), RESPONSE_GRACE_S)
         return str(result)
+
+    async def rescan(self) -> RescanResult:
+        return RescanResult.model_validate(await self._request(RescanRequest(), RESPONSE_GRACE_S + 120))
 
     def close(self) -> None:
         self._channel.close()

@@ -17,17 +17,25 @@ Responses: ``{"id": N, "ok": true, "result": ...}`` or, when the request itself 
 failed request: its result carries ``error`` and an observation that tells the agent the same.
 
 Invariants the host relies on:
-- the shim is the container's PID 1 and not dumpable, so tool processes (same uid) can neither
-  open its protocol pipes through /proc nor signal it: they cannot forge a response;
-- no process started by a tool outlives its step (the shim kills every other process of the
-  container but init and itself once a subprocess tool returns), so the workspace cannot change
-  between steps and ``workspace_digest`` describes the world the next step starts from;
+- the shim is the container's PID 1, runs as container-root with only the capabilities it needs
+  (set uid/gid, kill, chown, read for hashing) and is not dumpable; it is started with
+  ``python3 -I`` (no user site, no ``PYTHON*`` variables), so nothing the agent plants runs in it;
+- every tool process runs under another uid than the shim (the episode's agent uid for
+  ``shell.exec``, a separate tool uid for image-declared tools), with no capabilities, so tools
+  can neither signal, trace nor read the shim; file tools act with the agent's uid too;
+- no process started by a tool outlives its step: afterwards the shim kills and reaps until
+  /proc shows only itself, so the workspace cannot change between steps and
+  ``workspace_digest`` describes the world the next step starts from;
 - file tools never touch anything outside the workspace, after resolving symlinks;
 - tool output is capped; the cap keeps the head and the tail around a visible marker.
 """
 
+import contextlib
+import errno
 import hashlib
+import heapq
 import json
+import math
 import os
 import selectors
 import signal
@@ -42,6 +50,13 @@ SHIM_VERSION = "1.0"
 DEFAULT_MANIFEST = "/etc/softprobe/tools.json"
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_OUTPUT_CAP = 1024 * 1024
+MAX_TIMEOUT_S = 24 * 3600.0
+DEFAULT_MAX_LIST_ENTRIES = 10000
+DEFAULT_MAX_CHANGED_PATHS = 10000
+#: How long the end-of-step sweep may take before the shim gives up on the container.
+SWEEP_DEADLINE_S = 10.0
+#: How often a running command's workspace growth is checked against the quota.
+QUOTA_POLL_S = 0.05
 READ_CHUNK = 65536
 # A file modified this close to a scan may change again within the same mtime tick without its
 # size changing, so its hash is not cached (git's "racy clean" problem).
@@ -63,6 +78,10 @@ def printable(raw):
     return raw.decode("utf-8", "backslashreplace")
 
 
+def _sorted_text(raws):
+    return sorted(printable(rel) for rel in raws)
+
+
 # ---------------------------------------------------------------------------------------------
 # Workspace digest
 
@@ -81,16 +100,60 @@ class WorkspaceIndex:
         self.entries = {}  # relpath (bytes) -> (kind, mode, content_hash)
         self.signatures = {}  # relpath -> stat signature that content_hash is valid for
         self.children = {b"": set()}  # directory relpath -> names in it
+        self.sizes = {}  # relpath -> bytes it holds on disk (files: apparent or allocated, larger)
+        self.total_bytes = 0
+        # Files with more than one hard link can change through a name outside the workspace,
+        # which inotify on the workspace never reports: they are re-read on every refresh.
+        self.linked = set()
+        self.unreadable = set()  # entries the hasher could not read (folded in by metadata)
         self._dir_hashes = {}  # directory relpath -> hex digest (cache)
 
     @property
     def digest(self):
         return "sha256:" + self._dir_hash(b"")
 
+    @property
+    def complete(self):
+        """False when some entry could only be folded into the digest by its metadata."""
+        return not self.unreadable
+
+    def _set(self, rel, entry, sig, size, linked):
+        self.entries[rel] = entry
+        self.signatures.pop(rel, None)
+        if sig is not None:
+            self.signatures[rel] = sig
+        self.total_bytes += size - self.sizes.get(rel, 0)
+        self.sizes[rel] = size
+        if linked:
+            self.linked.add(rel)
+        else:
+            self.linked.discard(rel)
+        if entry[2].startswith("unreadable:"):
+            self.unreadable.add(rel)
+        else:
+            self.unreadable.discard(rel)
+
+    def _drop(self, rel):
+        self.entries.pop(rel, None)
+        self.signatures.pop(rel, None)
+        self.total_bytes -= self.sizes.pop(rel, 0)
+        self.linked.discard(rel)
+        self.unreadable.discard(rel)
+
     def scan(self):
-        """Walk the whole tree; return the paths that changed since the previous scan."""
+        """Walk the whole tree; return the paths that changed since the previous scan (text)."""
+        return _sorted_text(self.scan_raw())
+
+    def update_paths(self, rels):
+        """Re-read ``rels`` (bytes) and their parents; return the changed paths (text)."""
+        return _sorted_text(self.update_raw(rels))
+
+    def scan_raw(self):
+        """As :meth:`scan`, returning unsorted paths as bytes."""
         started_ns = time.time_ns()
-        entries, signatures, children = {}, {}, {b"": set()}
+        old_entries, old_signatures = self.entries, self.signatures
+        self.entries, self.signatures, self.children = {}, {}, {b"": set()}
+        self.sizes, self.total_bytes, self.linked, self.unreadable = {}, 0, set(), set()
         stack = [b""]
         while stack:
             rel_dir = stack.pop()
@@ -106,25 +169,23 @@ class WorkspaceIndex:
                         st = item.stat(follow_symlinks=False)
                     except OSError:
                         continue
-                    entries[rel], sig = self._entry(rel, item.path, st, started_ns)
-                    children[rel_dir].add(item.name)
-                    if sig is not None:
-                        signatures[rel] = sig
+                    cached = (old_entries.get(rel), old_signatures.get(rel))
+                    self._set(rel, *self._entry(item.path, st, started_ns, cached))
+                    self.children[rel_dir].add(item.name)
                     if stat.S_ISDIR(st.st_mode):
-                        children[rel] = set()
+                        self.children[rel] = set()
                         stack.append(rel)
-        old = self.entries
-        changed = [rel for rel, entry in entries.items() if old.get(rel) != entry]
-        changed.extend(rel for rel in old if rel not in entries)
-        self.entries, self.signatures, self.children = entries, signatures, children
+        changed = [rel for rel, entry in self.entries.items() if old_entries.get(rel) != entry]
+        changed.extend(rel for rel in old_entries if rel not in self.entries)
         self._dir_hashes = {}
-        return sorted(printable(rel) for rel in changed)
+        return changed
 
-    def update_paths(self, rels):
-        """Re-read only ``rels`` (and their parents): for when we know exactly what may have changed."""
+    def update_raw(self, rels):
+        """Re-read only ``rels`` (and their parents), plus every multiply-linked file; return the
+        paths (bytes) that changed."""
         started_ns = time.time_ns()
         touched = set()
-        for rel in rels:
+        for rel in set(rels) | self.linked:
             parts = rel.split(b"/")
             for i in range(1, len(parts) + 1):
                 touched.add(b"/".join(parts[:i]))
@@ -143,23 +204,19 @@ class WorkspaceIndex:
                     self._forget(rel)
                     changed.append(rel)
                 continue
-            entry, sig = self._entry(rel, path, st, started_ns)
-            self.signatures.pop(rel, None)
-            if sig is not None:
-                self.signatures[rel] = sig
+            entry, sig, size, linked = self._entry(path, st, started_ns, (old, self.signatures.get(rel)))
+            self._set(rel, entry, sig, size, linked)
             if entry != old:
-                self.entries[rel] = entry
                 parent, _, name = rel.rpartition(b"/")
                 self.children.setdefault(parent, set()).add(name)
                 self._invalidate(parent)
                 changed.append(rel)
             if entry[0] == "d":
                 self.children.setdefault(rel, set())
-        return sorted(printable(rel) for rel in set(changed))
+        return list(set(changed))
 
     def _forget(self, rel):
-        self.entries.pop(rel, None)
-        self.signatures.pop(rel, None)
+        self._drop(rel)
         parent, _, name = rel.rpartition(b"/")
         self.children.get(parent, set()).discard(name)
         self._invalidate(parent)
@@ -173,8 +230,7 @@ class WorkspaceIndex:
                 child = directory + b"/" + name if directory else name
                 if self.entries.get(child, ("",))[0] == "d":
                     stack.append(child)
-                self.entries.pop(child, None)
-                self.signatures.pop(child, None)
+                self._drop(child)
                 gone.append(child)
             self._dir_hashes.pop(directory, None)
         return gone
@@ -214,24 +270,34 @@ class WorkspaceIndex:
             pending.pop()
         return self._dir_hashes[rel]
 
-    def _entry(self, rel, path, st, started_ns):
+    def _entry(self, path, st, started_ns, cached):
+        """(entry, cache signature, bytes held, multiply linked) for one lstat result.
+
+        ``cached`` is the previous (entry, signature) of the path: a file whose stat signature
+        is unchanged is not read again.
+        """
         mode = stat.S_IMODE(st.st_mode)
         if stat.S_ISLNK(st.st_mode):
             try:
-                return ("l", 0, hashlib.sha256(os.readlink(path)).hexdigest()), None
-            except OSError:
-                return ("l", 0, ""), None
+                return ("l", 0, hashlib.sha256(os.readlink(path)).hexdigest()), None, 0, False
+            except OSError as err:
+                return ("l", 0, "unreadable:%d" % err.errno), None, 0, False
         if stat.S_ISDIR(st.st_mode):
-            return ("d", mode, ""), None
+            return ("d", mode, ""), None, 0, False
         if not stat.S_ISREG(st.st_mode):
-            return ("o", mode, ""), None
+            # FIFOs, sockets and devices differ by type (and devices by number).
+            return ("o", mode, "%o:%d" % (stat.S_IFMT(st.st_mode), st.st_rdev)), None, 0, False
+        size = max(st.st_size, st.st_blocks * 512)
         sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-        if self.signatures.get(rel) == sig:
-            content = self.entries[rel][2]
+        old, old_sig = cached
+        if old_sig == sig and old is not None:
+            content = old[2]
         else:
-            content = _hash_file(path)
+            content = _hash_file(path, st)
         racy = max(st.st_mtime_ns, st.st_ctime_ns) >= started_ns - RACY_WINDOW_NS
-        return ("f", mode, content), (None if racy else sig)
+        if content.startswith("unreadable:"):
+            racy = True  # try again next time
+        return ("f", mode, content), (None if racy else sig), size, st.st_nlink > 1
 
 
 class ChangeTracker:
@@ -332,18 +398,21 @@ def _walk_all(root, rel):
     return out
 
 
-def _hash_file(path):
+def _hash_file(path, st):
+    """sha256 of a regular file's content. The shim reads as root (CAP_DAC_READ_SEARCH), so mode
+    000 does not hide content; what still cannot be read is folded in by its metadata, marked
+    ``unreadable`` so the digest says it is incomplete."""
     h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
             while True:
                 chunk = f.read(1 << 20)
                 if not chunk:
                     break
                 h.update(chunk)
     except OSError as err:
-        # Unreadable files still count, as unreadable.
-        return "unreadable:%s" % err.errno
+        return "unreadable:%d:%d:%d" % (err.errno, st.st_size, st.st_mtime_ns)
     return h.hexdigest()
 
 
@@ -404,49 +473,112 @@ def _oom_kills():
     return None
 
 
-def kill_strays():
-    """SIGKILL every process in the container but init and the shim; return how many still live."""
-    me, uid = os.getpid(), os.getuid()
-    alive = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
-        if pid in (1, me):
-            continue
-        try:
-            if os.stat("/proc/%d" % pid).st_uid != uid and uid != 0:
-                continue
-            with open("/proc/%d/stat" % pid, "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue  # already dead, waiting to be reaped
-            os.kill(pid, signal.SIGKILL)
-            alive += 1
-        except (OSError, IndexError):
-            pass
-    return alive
+def _other_pids(me):
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != me]
 
 
-def clear_processes(timeout_s=5.0):
-    """Kill every other process and reap it: when this returns, only the shim (and init) remain.
+def clear_processes(deadline_s=SWEEP_DEADLINE_S):
+    """Kill and reap every other process of the container; True when /proc shows only the shim.
 
-    SIGKILL takes effect asynchronously and a process may fork between two sweeps (a fork bomb),
-    so sweep, kill and reap until nothing is left, for at most ``timeout_s``.
+    As PID 1, ``kill(-1, SIGKILL)`` reaches every other process of the namespace at once (threads,
+    re-forking children, processes whose leader is a zombie), and every orphan becomes our child,
+    so repeating kill and reap until /proc lists nobody else terminates quickly. A process that
+    still exists at the deadline (an uninterruptible sleep) makes this return False.
     """
-    deadline = time.monotonic() + timeout_s
+    me = os.getpid()
+    deadline = time.monotonic() + deadline_s
     while True:
-        alive = kill_strays()
-        reap_orphans()
-        if alive == 0 or time.monotonic() > deadline:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass  # ESRCH: nobody else is left to signal
+        reaped = reap_orphans()
+        if not _other_pids(me):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        if not reaped:
+            time.sleep(0.0005)  # SIGKILL is delivered asynchronously; give the kernel a moment
+
+
+class Identity:
+    """The uids tools run as, and the shim's way of acting as the agent for file tools.
+
+    When the shim runs as root (the default container set-up), ``shell.exec`` runs as the
+    episode's agent uid and image-declared tools as a separate tool uid, both without
+    capabilities; file tools change the shim's effective uid to the agent's for their duration,
+    so they have exactly the agent's permissions. When the shim is not root, everything runs as
+    the shim's own uid (the image's user), as before.
+    """
+
+    def __init__(self, agent=None, tool=None):
+        self.privileged = os.geteuid() == 0
+        self.agent = agent if self.privileged else None  # (uid, gid) or None
+        self.tool = (tool or agent) if self.privileged else None
+
+    @contextlib.contextmanager
+    def acting_as_agent(self):
+        if self.agent is None:
+            yield
             return
-        time.sleep(0.001)
+        os.setegid(self.agent[1])
+        os.seteuid(self.agent[0])
+        try:
+            yield
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+
+    def spawn_kwargs(self, who):
+        """Popen arguments that start a process as ``who`` ("agent" or "tool")."""
+        ids = self.agent if who == "agent" else self.tool
+        if ids is None:
+            return {}
+        uid, gid = ids
+        if sys.version_info >= (3, 9):
+            return {"user": uid, "group": gid, "extra_groups": []}
+
+        def drop():  # Python 3.8
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+
+        return {"preexec_fn": drop}
+
+    def adopt(self, paths):
+        """Give the agent every entry under ``paths`` (a checkpoint's files still belong to the
+        parent episode's uid; a seed archive's to root)."""
+        if self.agent is None:
+            return
+        uid, gid = self.agent
+        for top in paths:
+            if not os.path.isdir(top) or os.path.islink(top):
+                continue
+            _lchown(top, uid, gid)
+            for dirpath, dirnames, filenames in os.walk(top):
+                for name in dirnames + filenames:
+                    _lchown(os.path.join(dirpath, name), uid, gid)
 
 
-def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
+def _lchown(path, uid, gid):
+    try:
+        st = os.lstat(path)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.lchown(path, uid, gid)
+    except OSError:
+        pass
+
+
+def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b"", spawn=None, env=None, over_quota=None):
     """Run ``argv`` in its own process group; return (exit_code, CappedOutput, diagnostics).
 
+    ``spawn`` holds Popen arguments that set the process's uid (see :class:`Identity`), ``env``
+    its environment. ``over_quota`` is polled while the command runs; when it returns a
+    message the command is killed and ToolError("quota_exceeded") raised.
+
     Raises ToolError("timeout") when the deadline passes and ToolError("out_of_memory") when the
-    kernel's OOM killer ended it. Every process the command started is dead when this returns.
+    kernel's OOM killer ended it. Every other process of the container is dead when this returns
+    (ShimBroken if that cannot be achieved).
     """
     oom_before = _oom_kills()
     started = time.monotonic()
@@ -458,9 +590,11 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
+            **(spawn or {})
         )
-    except OSError as err:
-        raise ToolError("command_failed", "could not start %s: %s" % (argv[0], err.strerror))
+    except (OSError, subprocess.SubprocessError) as err:
+        raise ToolError("command_failed", "could not start %s: %s" % (argv[0], getattr(err, "strerror", None) or err))
     if stdin_data:
         try:
             proc.stdin.write(stdin_data)
@@ -479,12 +613,18 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
         if pidfd is not None:
             sel.register(pidfd, selectors.EVENT_READ, "exit")
         exited = False
+        quota_message = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
                 break
-            events = sel.select(remaining if pidfd is not None else min(remaining, 0.05))
+            if over_quota is not None:
+                quota_message = over_quota()
+                if quota_message:
+                    break
+            wait = remaining if pidfd is not None else min(remaining, 0.05)
+            events = sel.select(min(wait, QUOTA_POLL_S) if over_quota is not None else wait)
             if any(key.data == "output" for key, _ in events):
                 chunk = os.read(fd, READ_CHUNK)
                 if not chunk:
@@ -502,7 +642,8 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
     _kill_group(proc.pid)
     proc.stdout.close()
     exit_code = proc.wait()
-    clear_processes()
+    if not clear_processes():
+        raise ShimBroken("a process of the step could not be killed within %gs" % SWEEP_DEADLINE_S)
     diagnostics = {
         "exit_code": exit_code,
         "command_ms": round((time.monotonic() - started) * 1000, 3),
@@ -511,6 +652,8 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
     }
     if timed_out or exit_code != 0:
         diagnostics["output"] = output.text()  # what it printed before it failed
+    if quota_message:
+        raise ToolError("quota_exceeded", quota_message + "; the command was stopped", diagnostics)
     if timed_out:
         raise ToolError(
             "timeout",
@@ -528,27 +671,25 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b""):
             "memory limit was reached)",
             diagnostics,
         )
-    if exit_code in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
-        raise ToolError(
-            "file_too_large",
-            "a process of the command tried to write a file larger than the container's limit "
-            "(max_file_size) and was stopped",
-            diagnostics,
-        )
+    if exit_code == -signal.SIGXFSZ:
+        raise ToolError("file_too_large", _FILE_TOO_LARGE, diagnostics)
     if exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL) and oom_before is None:
         diagnostics["note"] = "killed by SIGKILL; possibly out of memory (cgroup counters unreadable)"
     return exit_code, output, diagnostics
 
 
 def reap_orphans():
-    """As PID 1, collect the exit status of orphaned processes (no zombies pile up)."""
+    """As PID 1, collect the exit status of orphaned processes (no zombies pile up); return how
+    many were collected."""
+    reaped = 0
     while True:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
+        reaped += 1
 
 
 def harden():
@@ -581,12 +722,29 @@ def _kill_group(pgid):
 # Tools
 
 
+class Limits:
+    """The per-episode limits the host passed on the command line (0 = unlimited)."""
+
+    def __init__(self, quota_bytes=0, quota_inodes=0, max_list=DEFAULT_MAX_LIST_ENTRIES,
+                 max_changed=DEFAULT_MAX_CHANGED_PATHS, max_timeout_s=MAX_TIMEOUT_S):
+        self.quota_bytes = quota_bytes
+        self.quota_inodes = quota_inodes
+        self.max_list = max_list
+        self.max_changed = max_changed
+        self.max_timeout_s = max_timeout_s
+
+
 class Shim:
-    def __init__(self, workspace, manifest_path, digest_mode="inotify"):
+    def __init__(self, workspace, manifest_path, digest_mode="inotify", identity=None, limits=None):
         self.hardened = False
+        self.identity = identity or Identity()
+        self.limits = limits or Limits()
         self.workspace = os.path.realpath(workspace)
+        self.home = _agent_home()
+        self.identity.adopt([self.workspace] + ([self.home] if self.home else []))
         self.index = WorkspaceIndex(self.workspace)
         self.tracker = ChangeTracker(self.workspace) if digest_mode == "inotify" else None
+        self._reset_pending()
         self.full_scan()
         self.declared = load_manifest(manifest_path)
         self.builtins = {
@@ -615,15 +773,17 @@ class Shim:
         if op == "read_text":
             return self._read_text(request)
         if op == "rescan":
+            clear_processes()
             self.full_scan()
-            return {"workspace_digest": self.index.digest}
+            return {"workspace_digest": self.index.digest, "workspace_digest_complete": self.index.complete}
         if op == "seed":
             return self.seed(request)
         raise ProtocolError("unknown op %r" % (op,))
 
     def full_scan(self):
-        """Rescan the whole workspace (and re-arm change tracking); return what changed."""
-        changed = self.index.scan()
+        """Rescan the whole workspace (and re-arm change tracking); return what changed (bytes)."""
+        changed = self.index.scan_raw()
+        self._reset_pending()
         if self.tracker is not None and self.tracker.usable:
             directories = [rel for rel, entry in self.index.entries.items() if entry[0] == "d"]
             if not self.tracker.watch_all(directories):
@@ -632,17 +792,74 @@ class Shim:
                 self.tracker.changes()  # drop events from before the scan
         return changed
 
+    def _reset_pending(self):
+        self._pending = set()  # paths the tracker reported during a step, not yet re-read
+        self._pending_sizes = {}  # path -> (bytes, exists) when the quota poll last looked
+        self._pending_delta = 0  # bytes the workspace grew by, by the quota poll's estimate
+        self._pending_inodes = 0
+        self._inexact = False
+
+    def _drain(self):
+        """Move the tracker's news into ``_pending``; remember when it cannot say."""
+        if self.tracker is None or not self.tracker.usable:
+            self._inexact = True
+            return set()
+        news = self.tracker.changes()
+        if news is None:
+            self._inexact = True
+            return set()
+        self._pending |= news
+        return news
+
     def refresh(self, touched=None):
-        """Bring the digest up to date after a tool ran; return the changed paths.
+        """As :meth:`refresh_raw`, returning the changed paths sorted, as text."""
+        return _sorted_text(self.refresh_raw(touched))
+
+    def refresh_raw(self, touched=None):
+        """Bring the digest up to date after a tool ran; return the changed paths (bytes).
 
         ``touched`` lists what a file tool changed itself; None means a process ran, so anything
         may have changed: ask the tracker, or rescan.
         """
-        tracked = self.tracker.changes() if self.tracker is not None and self.tracker.usable else None
-        if touched is None and tracked is None:
+        self._drain()
+        if touched is None and self._inexact:
             return self.full_scan()
-        paths = set(touched or ()) | set(tracked or ())
-        return self.index.update_paths(sorted(paths)) if paths else []
+        paths = self._pending | set(touched or ())
+        self._reset_pending()
+        return self.index.update_raw(paths)
+
+    def usage(self):
+        return self.index.total_bytes, len(self.index.entries)
+
+    def over_quota(self, usage=None):
+        """A message when the workspace is over its quota, else None."""
+        total_bytes, inodes = usage or self.usage()
+        limits = self.limits
+        if limits.quota_bytes and total_bytes > limits.quota_bytes:
+            return "the workspace holds %d bytes, over its quota of %d bytes" % (total_bytes, limits.quota_bytes)
+        if limits.quota_inodes and inodes > limits.quota_inodes:
+            return "the workspace holds %d entries, over its quota of %d" % (inodes, limits.quota_inodes)
+        return None
+
+    def _poll_quota(self):
+        """While a command runs: estimate the workspace's usage from the tracker's news."""
+        for rel in self._drain():
+            try:
+                st = os.lstat(os.path.join(self.index.root, rel))
+                now = (max(st.st_size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0, 1)
+            except OSError:
+                now = (0, 0)
+            known = rel in self.index.entries
+            before = self._pending_sizes.get(rel, (self.index.sizes.get(rel, 0), int(known)))
+            self._pending_sizes[rel] = now
+            self._pending_delta += now[0] - before[0]
+            self._pending_inodes += now[1] - before[1]
+        total_bytes, inodes = self.usage()
+        estimate = (total_bytes + self._pending_delta, inodes + self._pending_inodes)
+        # A workspace that is already over (a step before hit the quota) may still shrink.
+        if estimate[0] <= total_bytes and estimate[1] <= inodes:
+            return None
+        return self.over_quota(estimate)
 
     def hello(self):
         tools = [{"name": name, "builtin": True} for name in self.builtins]
@@ -650,15 +867,23 @@ class Shim:
             {"name": name, "builtin": False, "description": spec.get("description", "")}
             for name, spec in sorted(self.declared.items())
         ]
+        files = [p for p, e in self.index.entries.items() if e[0] == "f"]
+        shown = heapq.nsmallest(self.limits.max_list, files)
+        agent = self.identity.agent
         return {
             "protocol": PROTOCOL_VERSION,
             "shim_version": SHIM_VERSION,
+            "shim_sha256": _own_sha256(),
             "python": "%d.%d.%d" % sys.version_info[:3],
-            "uid": os.getuid(),
+            "uid": agent[0] if agent else os.getuid(),
+            "shim_uid": os.getuid(),
+            "tool_uid": self.identity.tool[0] if self.identity.tool else os.getuid(),
             "workspace": self.workspace,
             "tools": tools,
             "workspace_digest": self.index.digest,
-            "workspace_files": sorted(printable(p) for p, e in self.index.entries.items() if e[0] == "f"),
+            "workspace_digest_complete": self.index.complete,
+            "workspace_files": [printable(p) for p in shown],
+            "workspace_files_count": len(files),
             "digest_mode": "inotify" if self.tracker is not None and self.tracker.usable else "scan",
             "pid": os.getpid(),
             "hardened": self.hardened,
@@ -668,15 +893,19 @@ class Shim:
         started = time.monotonic()
         name = request.get("tool")
         args = request.get("args")
-        timeout_s = float(request.get("timeout_s") or DEFAULT_TIMEOUT_S)
-        output_cap = int(request.get("output_cap") or DEFAULT_OUTPUT_CAP)
+        timeout_s = _bounded_number(request.get("timeout_s"), DEFAULT_TIMEOUT_S, self.limits.max_timeout_s)
+        output_cap = int(_bounded_number(request.get("output_cap"), DEFAULT_OUTPUT_CAP, 1 << 30))
+        usage_before = self.usage()
         diagnostics = {}
         error = None
         try:
             if not isinstance(args, dict):
                 raise ToolError("invalid_arguments", "args must be a JSON object")
-            if name in self.builtins:
-                observation, diagnostics, touched = self.builtins[name](args, timeout_s, output_cap)
+            if name == "shell.exec":
+                observation, diagnostics, touched = self.shell_exec(args, timeout_s, output_cap)
+            elif name in self.builtins:
+                with self.identity.acting_as_agent():  # file tools have the agent's permissions
+                    observation, diagnostics, touched = self.builtins[name](args, timeout_s, output_cap)
             elif name in self.declared:
                 observation, diagnostics = self.run_declared(name, args, timeout_s, output_cap)
                 touched = None
@@ -689,15 +918,51 @@ class Shim:
             observation = "error (%s): %s" % (err.type, err.message)
             # A failed subprocess may have written files before it failed.
             touched = None if name == "shell.exec" or name in self.declared else []
+        except ShimBroken:
+            raise
         except Exception as err:  # a bug or an input no check foresaw: still an answer, not a crash
             error = {"type": "internal_error", "message": "%s: %s" % (type(err).__name__, err)}
             diagnostics = {}
             observation = "error (internal_error): %s" % error["message"]
             touched = None
-        diagnostics["changed_paths"] = self.refresh(touched)
+        changed = self.refresh_raw(touched)
+        if error is not None and diagnostics.get("exit_code") == 128 + signal.SIGXFSZ:
+            # A shell reports a child killed by SIGXFSZ as 153, but so can `exit 153`: only a
+            # file that reached the size limit makes it a file_too_large.
+            if self._reached_file_size_limit(changed):
+                error = {"type": "file_too_large", "message": _FILE_TOO_LARGE}
+                observation = "error (file_too_large): " + _FILE_TOO_LARGE
+        quota_message = self.over_quota()
+        if quota_message and any(now > before for now, before in zip(self.usage(), usage_before)):
+            error = {"type": "quota_exceeded", "message": quota_message + "; delete files to go on"}
+            observation = "error (quota_exceeded): " + error["message"]
+        shown = heapq.nsmallest(self.limits.max_changed, changed)
+        diagnostics["changed_paths"] = [printable(rel) for rel in shown]
+        if len(changed) > len(shown):
+            diagnostics["changed_paths_truncated"] = True
+            diagnostics["changed_paths_count"] = len(changed)
         diagnostics["workspace_digest"] = self.index.digest
+        if not self.index.complete:
+            diagnostics["workspace_digest_complete"] = False
         diagnostics["tool_ms"] = round((time.monotonic() - started) * 1000, 3)
         return {"observation": observation, "error": error, "diagnostics": diagnostics}
+
+    def _reached_file_size_limit(self, changed):
+        try:
+            import resource
+
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        except (ImportError, OSError, ValueError):
+            return False
+        if limit in (-1, getattr(resource, "RLIM_INFINITY", -1)):
+            return False
+        for rel in changed:
+            try:
+                if os.lstat(os.path.join(self.index.root, rel)).st_size >= limit:
+                    return True
+            except OSError:
+                continue
+        return False
 
     # -- paths ---------------------------------------------------------------------------------
 
@@ -761,6 +1026,16 @@ class Shim:
         if os.path.isdir(real):
             raise ToolError("is_a_directory", "%r is a directory" % args["path"])
         data = content.encode("utf-8", "surrogateescape")
+        rel = self.relative(real)
+        total_bytes, inodes = self.usage()
+        grown = (total_bytes - self.index.sizes.get(rel, 0) + len(data), inodes + (rel not in self.index.entries))
+        message = self.over_quota(grown)
+        if message:
+            raise ToolError(
+                "quota_exceeded",
+                "writing %d bytes to %r would put the workspace over its quota (%s); nothing was "
+                "written" % (len(data), args["path"], message),
+            )
         try:
             os.makedirs(os.path.dirname(real), exist_ok=True)
             fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
@@ -776,24 +1051,38 @@ class Shim:
         real = self.resolve(path, must_exist=True)
         if not os.path.isdir(real):
             raise ToolError("not_a_directory", "%r is not a directory" % path)
-        entries = []
+        counted = [0]
+
+        def names(it):
+            for item in it:
+                counted[0] += 1
+                yield os.fsencode(item.name)
+
         try:
+            # Only the first max_list names (sorted) are kept, however large the folder.
             with os.scandir(real) as it:
-                for item in it:
-                    st = item.stat(follow_symlinks=False)
-                    if stat.S_ISDIR(st.st_mode):
-                        kind = "dir"
-                    elif stat.S_ISLNK(st.st_mode):
-                        kind = "symlink"
-                    elif stat.S_ISREG(st.st_mode):
-                        kind = "file"
-                    else:
-                        kind = "other"
-                    entries.append({"name": item.name, "type": kind, "size": st.st_size})
+                shown = heapq.nsmallest(self.limits.max_list, names(it))
+            entries = []
+            for raw in shown:
+                try:
+                    st = os.lstat(os.path.join(os.fsencode(real), raw))
+                except OSError:
+                    continue  # removed meanwhile
+                if stat.S_ISDIR(st.st_mode):
+                    kind = "dir"
+                elif stat.S_ISLNK(st.st_mode):
+                    kind = "symlink"
+                elif stat.S_ISREG(st.st_mode):
+                    kind = "file"
+                else:
+                    kind = "other"
+                entries.append({"name": printable(raw), "type": kind, "size": st.st_size})
         except OSError as err:
             raise ToolError(_os_error_type(err), "cannot list %r: %s" % (path, err.strerror))
-        entries.sort(key=lambda e: e["name"])
-        return entries, {"entries": len(entries)}, []
+        diagnostics = {"entries": counted[0]}
+        if counted[0] > len(shown):
+            diagnostics["truncated"] = True
+        return entries, diagnostics, []
 
     def fs_delete(self, args, timeout_s, output_cap):
         _check_args(args, required={"path": str})
@@ -824,7 +1113,11 @@ class Shim:
         if "\x00" in args["command"]:
             raise ToolError("invalid_arguments", "command must not contain NUL bytes")
         argv = ["/bin/sh", "-c", args["command"]]
-        exit_code, output, diagnostics = run_process(argv, self.workspace, timeout_s, output_cap)
+        exit_code, output, diagnostics = run_process(
+            argv, self.workspace, timeout_s, output_cap,
+            spawn=self.identity.spawn_kwargs("agent"), env=self._agent_env(),
+            over_quota=self._poll_quota if self._quota_polled() else None,
+        )
         text = output.text()
         if exit_code != 0:
             raise ToolError(
@@ -842,7 +1135,9 @@ class Shim:
         timeout_s = min(float(spec.get("timeout_s", timeout_s)), timeout_s)
         stdin_data = json.dumps(args).encode()
         exit_code, output, diagnostics = run_process(
-            list(spec["command"]), self.workspace, timeout_s, output_cap, stdin_data
+            list(spec["command"]), self.workspace, timeout_s, output_cap, stdin_data,
+            spawn=self.identity.spawn_kwargs("tool"), env=_tool_env(),
+            over_quota=self._poll_quota if self._quota_polled() else None,
         )
         text = output.text()
         if exit_code != 0:
@@ -858,6 +1153,17 @@ class Shim:
                 raise ToolError("tool_failed", "%s printed invalid JSON" % name, diagnostics)
         return text, diagnostics
 
+    def _quota_polled(self):
+        return bool(self.limits.quota_bytes or self.limits.quota_inodes) and self.tracker is not None
+
+    def _agent_env(self):
+        """The environment of the agent's commands: the container's (set by the image and the
+        host, never by the agent), with the agent's HOME and names."""
+        env = dict(os.environ)
+        if self.home:
+            env["HOME"] = self.home
+        return env
+
     # -- seeding -----------------------------------------------------------------------------
 
     def seed(self, request):
@@ -867,7 +1173,7 @@ class Shim:
         import tarfile
 
         data = base64.b64decode(request.get("archive") or "")
-        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        with self.identity.acting_as_agent(), tarfile.open(fileobj=io.BytesIO(data)) as archive:
             for member in archive.getmembers():
                 name = os.path.normpath(member.name)
                 if name.startswith(("/", "..")) or not (member.isfile() or member.isdir() or member.issym()):
@@ -896,14 +1202,102 @@ class Shim:
             return False
 
     def _read_text(self, request):
-        real = self.resolve(request.get("path"), must_exist=True)
-        limit = int(request.get("max_bytes") or DEFAULT_OUTPUT_CAP)
-        with open(real, "rb") as f:
+        """Up to ``max_bytes`` of a regular file, for the host's hooks. A FIFO, socket or device
+        is refused at once: opening one could block the shim forever."""
+        path = request.get("path")
+        real = self.resolve(path, must_exist=True)
+        limit = int(_bounded_number(request.get("max_bytes"), DEFAULT_OUTPUT_CAP, 1 << 30))
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            raise ToolError(_os_error_type(err), "cannot read %r: %s" % (path, err.strerror))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ToolError("not_a_regular_file", "%r is not a regular file" % path)
             return f.read(limit).decode("utf-8", "replace")
 
 
 class ProtocolError(Exception):
     """The request itself was unusable (not a tool failure)."""
+
+
+class ShimBroken(Exception):
+    """The shim can no longer keep its invariants (a process it cannot kill): it exits, and the
+    host marks the episode broken."""
+
+
+_FILE_TOO_LARGE = (
+    "a process of the command tried to write a file larger than the container's limit "
+    "(max_file_size) and was stopped"
+)
+
+
+def _bounded_number(value, default, upper):
+    """A request's number, finite and within (0, upper]; the default when absent."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError("expected a number, got %r" % (value,))
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ProtocolError("expected a finite positive number, got %r" % (value,))
+    return min(value, upper)
+
+
+def _agent_home():
+    """The agent's HOME from the container's environment, if it is a folder of its own (never
+    ``/`` or a folder root owns)."""
+    home = os.environ.get("HOME")
+    if not home or not os.path.isabs(home) or os.path.realpath(home) == "/":
+        return None
+    try:
+        st = os.lstat(home)
+    except OSError:
+        return None
+    return home if stat.S_ISDIR(st.st_mode) and st.st_uid != 0 else None
+
+
+def _tool_env():
+    """The environment of image-declared tools: the container's, without anything that makes
+    an interpreter load code from elsewhere, and a HOME the agent cannot write."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PYTHON", "LD_", "PERL5", "RUBY", "NODE_"))
+        and key not in ("BASH_ENV", "ENV", "HOME")
+    }
+    env.update(HOME="/nonexistent", PYTHONNOUSERSITE="1", PYTHONSAFEPATH="1", PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def _own_sha256():
+    try:
+        with open(os.path.abspath(__file__), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return ""
+
+
+def _readable(value):
+    """``value`` with every string made valid text (lone surrogates become backslash escapes)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            try:
+                return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            except UnicodeEncodeError:
+                return value.encode("utf-8", "backslashreplace").decode("ascii")
+    if isinstance(value, dict):
+        return {_readable(k): _readable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_readable(v) for v in value]
+    return value
+
+
+def _refuse_constant(name):
+    raise ValueError("%s is not valid JSON" % name)
 
 
 def load_manifest(path):
@@ -1017,6 +1411,7 @@ def main(argv):
     workspace = "/workspace"
     manifest = DEFAULT_MANIFEST
     digest_mode = "inotify"
+    numbers = {}
     it = iter(argv)
     for arg in it:
         if arg == "--workspace":
@@ -1025,6 +1420,8 @@ def main(argv):
             manifest = next(it)
         elif arg == "--digest":
             digest_mode = next(it)
+        elif arg.startswith("--") and arg[2:].replace("-", "_") in _NUMERIC_OPTIONS:
+            numbers[arg[2:].replace("-", "_")] = int(next(it))
     # Tools must not inherit the protocol streams.
     stdin = os.fdopen(os.dup(0), "rb", buffering=0)
     stdout = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -1032,7 +1429,18 @@ def main(argv):
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     hardened = harden()
-    shim = Shim(workspace, manifest, digest_mode)
+    if os.geteuid() == 0:
+        os.setgroups([])  # acting as the agent must not keep root's supplementary groups
+    agent = _ids(numbers, "agent")
+    identity = Identity(agent=agent, tool=_ids(numbers, "tool") or agent)
+    limits = Limits(
+        quota_bytes=numbers.get("quota_bytes", 0),
+        quota_inodes=numbers.get("quota_inodes", 0),
+        max_list=numbers.get("max_list_entries", DEFAULT_MAX_LIST_ENTRIES),
+        max_changed=numbers.get("max_changed_paths", DEFAULT_MAX_CHANGED_PATHS),
+        max_timeout_s=numbers.get("max_timeout_s", int(MAX_TIMEOUT_S)),
+    )
+    shim = Shim(workspace, manifest, digest_mode, identity, limits)
     shim.hardened = hardened
     reader = _LineReader(stdin)
     while True:
@@ -1041,11 +1449,14 @@ def main(argv):
             return 0
         request_id = None
         try:
-            request = json.loads(line)
+            request = json.loads(line, parse_constant=_refuse_constant)
             if not isinstance(request, dict):
                 raise ProtocolError("a request must be a JSON object")
             request_id = request.get("id")
             response = {"id": request_id, "ok": True, "result": shim.handle(request)}
+        except ShimBroken as err:
+            sys.stderr.write("softprobe shim: giving up: %s\n" % err)
+            return 70  # the container ends; the host reports the episode as broken
         except (ValueError, ProtocolError) as err:
             response = {"id": request_id, "ok": False, "error": {"type": "protocol_error", "message": str(err)}}
         except ToolError as err:
@@ -1057,7 +1468,22 @@ def main(argv):
                 "error": {"type": "shim_error", "message": "%s: %s" % (type(err).__name__, err)},
             }
         data = json.dumps(response, ensure_ascii=False, separators=(",", ":"))
-        stdout.write(data.encode("utf-8", "backslashreplace") + b"\n")
+        try:
+            encoded = data.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate somewhere: send it as readable text
+            encoded = json.dumps(_readable(response), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        stdout.write(encoded + b"\n")
+
+
+_NUMERIC_OPTIONS = (
+    "agent_uid", "agent_gid", "tool_uid", "tool_gid", "quota_bytes", "quota_inodes",
+    "max_list_entries", "max_changed_paths", "max_timeout_s",
+)
+
+
+def _ids(numbers, who):
+    uid = numbers.get(who + "_uid")
+    return None if uid is None else (uid, numbers.get(who + "_gid", uid))
 
 
 class _LineReader:

@@ -1,0 +1,369 @@
+"""SECURITY.md rows 19-24, 27, 30, 32-34 and 39: the trust boundary inside the container.
+
+Each test does what an agent could do (any command, any file) and asserts the guarantee. The
+host-side rows (25, 26, 28, 29, 31, 35-38) are in ``test_security_trust_host.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import shlex
+from pathlib import Path
+
+import docker
+import pytest
+
+from helpers import SUPPORT_DESK, processes, ready, tool
+from softprobe.gym import create_host_environment
+from softprobe.gym import labels as L
+from softprobe.gym.errors import SandboxError
+from softprobe.gym.sandbox.docker_backend import SHIM_SHA256
+
+pytestmark = pytest.mark.docker
+
+ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
+
+
+def shell(command: str, **extra: object) -> dict:
+    return tool("shell.exec", command=command, **extra)
+
+
+def py(code: str, **extra: object) -> dict:
+    return shell(f"python3 -c {shlex.quote(code)}", **extra)
+
+
+def hello_of(host, episode_id: str):  # type: ignore[no-untyped-def]
+    return host._episodes[episode_id].sandbox.hello
+
+
+class Subject:
+    def export_state(self, episode_id: str) -> dict:
+        return {}
+
+    def import_state(self, episode_id: str, state: dict) -> None:
+        pass
+
+
+# Code that would run in any Python that imports the agent's user site (or its folder): it
+# leaves a marker and would forge every answer by replacing json.dumps.
+PLANT = r"""
+set -e
+site=$(python3 -c 'import site; print(site.getusersitepackages())')
+mkdir -p "$site"
+cat > "$site/usercustomize.py" <<'EOF'
+import json, os
+open('/workspace/PWNED-' + str(os.getpid()), 'w').write('planted code ran')
+json.dumps = lambda *a, **k: '{"forged": true}'
+EOF
+cp "$site/usercustomize.py" "$site/sitecustomize.py"
+echo 'import usercustomize' > "$site/zz-planted.pth"
+cp "$site/usercustomize.py" /workspace/json.py
+cp "$site/usercustomize.py" /workspace/sitecustomize.py
+echo 'python3 -c "open(\"/workspace/PWNED-rc\", \"w\")"' >> "$HOME/.profile"
+echo planted
+"""
+
+
+async def test_row_19_planted_code_never_runs_in_the_shim_or_a_declared_tool(tmp_path, docker_engine):
+    async with create_host_environment(
+        run_root=tmp_path, image=SUPPORT_DESK, capabilities=ALL_CAPS, subject=Subject()
+    ) as host:
+        parent = await ready(host, "parent")
+        planted = await host.step(episode_id=parent, action=shell(PLANT))
+        assert planted.observation.strip() == "planted", planted
+        crm = await host.step(episode_id=parent, action=tool("crm.get_account", id="A-42"))
+        assert crm.error is None and crm.observation["name"] == "Acme Rockets", crm
+        ckpt = await host.checkpoint(episode_id=parent)
+        child = await host.fork(episode_id=parent, path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)
+        kid = child.episode_id
+        hello = hello_of(host, kid)
+        assert hello.shim_sha256 == SHIM_SHA256  # the child's shim is the library's own
+        crm = await host.step(episode_id=kid, action=tool("crm.get_account", id="A-42"))
+        assert crm.error is None and crm.observation["name"] == "Acme Rockets", crm
+        listing = await host.step(episode_id=kid, action=tool("fs.list"))
+        names = {entry["name"] for entry in listing.observation}
+        # The planted files are there (they are the agent's), but nothing ever ran them.
+        assert {"json.py", "sitecustomize.py"} <= names
+        assert not [n for n in names if n.startswith("PWNED")], names
+
+
+async def test_row_20_tools_run_under_other_uids_than_the_shim_and_cannot_reach_it(host):
+    episode_id = await ready(host)
+    hello = hello_of(host, episode_id)
+    assert hello.shim_uid == 0 and hello.uid >= 1 << 20 and hello.tool_uid >= 1 << 20
+    assert len({hello.shim_uid, hello.uid, hello.tool_uid}) == 3
+    assert os.getuid() not in (hello.uid, hello.tool_uid)  # never the host user's
+    probe = (
+        "import ctypes, os, signal\n"
+        "out = []\n"
+        "for what, attempt in [\n"
+        "    ('kill', lambda: os.kill(1, signal.SIGTERM)),\n"
+        "    ('environ', lambda: open('/proc/1/environ', 'rb').read()),\n"
+        "    ('mem', lambda: open('/proc/1/mem', 'rb').read(1)),\n"
+        "    ('fd', lambda: open('/proc/1/fd/1', 'wb')),\n"
+        "]:\n"
+        "    try:\n"
+        "        attempt(); out.append(what + ':ok')\n"
+        "    except OSError as err:\n"
+        "        out.append(what + ':' + type(err).__name__)\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "out.append('ptrace:%d' % libc.ptrace(16, 1, 0, 0))  # PTRACE_ATTACH\n"
+        "print(' '.join(out))\n"
+    )
+    result = await host.step(episode_id=episode_id, action=py(probe))
+    assert result.observation.split() == [
+        "kill:PermissionError", "environ:PermissionError", "mem:PermissionError", "fd:PermissionError", "ptrace:-1",
+    ], result
+    whoami = await host.step(episode_id=episode_id, action=shell("id -u; grep CapEff /proc/self/status"))
+    assert whoami.observation.split() == [str(hello.uid), "CapEff:", "0000000000000000"]
+
+
+ESCAPERS = r"""
+import ctypes, os, sys, threading, time
+
+def writer(tag):
+    while True:
+        with open('/workspace/late.log', 'a') as f:
+            f.write(tag + '\n')
+        time.sleep(0.001)
+
+# 1. double fork: the grandchild is reparented to PID 1
+if os.fork() == 0:
+    if os.fork() == 0:
+        os.setsid(); writer('double-fork')
+    os._exit(0)
+# 2. a process that re-forks and lets its parent exit, over and over, leaving zombies behind
+if os.fork() == 0:
+    while True:
+        pid = os.fork()
+        if pid:
+            os._exit(0)
+        for _ in range(3):
+            if os.fork() == 0:
+                os._exit(0)  # zombies as padding (their parent never waits)
+        with open('/workspace/late.log', 'a') as f:
+            f.write('refork\n')
+# 3. a thread group whose leader exits: /proc shows a zombie, the thread keeps writing
+if os.fork() == 0:
+    threading.Thread(target=writer, args=('thread',)).start()
+    time.sleep(0.05)
+    ctypes.CDLL(None).syscall(60, 0)  # SYS_exit (x86_64): ends only the calling thread
+time.sleep(0.3)
+print('started')
+"""
+
+
+async def test_row_21_nothing_outlives_its_step(host):
+    episode_id = await ready(host)
+    started = await host.step(episode_id=episode_id, action=py(ESCAPERS))
+    assert "started" in started.observation, started
+    first = await host.step(episode_id=episode_id, action=tool("fs.read", path="late.log"))
+    listing = await processes(host, episode_id)
+    second = await host.step(episode_id=episode_id, action=tool("fs.read", path="late.log"))
+    # Between steps nothing writes: the log is the same, and the digest did not move.
+    assert first.observation == second.observation
+    assert first.diagnostics["workspace_digest"] == second.diagnostics["workspace_digest"]
+    # Besides the shim, only the listing's own shell and tr: none of the escapers.
+    assert "python3 -c" not in listing, listing
+
+
+async def test_row_22_finalize_and_checkpoint_record_what_they_capture(tmp_path, docker_engine):
+    caps = {"environment_checkpoint": True, "deterministic_prefix_reexecution": True}
+    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, capabilities=caps) as host:
+        episode_id = await ready(host)
+        # A writer that would change the workspace after the step, if it survived.
+        await host.step(episode_id=episode_id, action=shell("(sleep 0.2; echo late > late.txt) & echo bye"))
+        last = await host.step(episode_id=episode_id, action=tool("fs.write", path="a.txt", content="a"))
+        ckpt = await host.checkpoint(episode_id=episode_id)
+        result = await host.finalize(episode_id=episode_id)
+        assert ckpt.workspace_digest == result.workspace_digest == last.diagnostics["workspace_digest"]
+        assert not (result.workspace_path / "late.txt").exists()
+        # The checkpoint holds exactly the recorded world: a fork from it verifies the digest.
+        await host.destroy(episode_id=episode_id)
+
+
+async def test_row_23_unreadable_and_odd_entries_still_tell_worlds_apart(host):
+    digests = []
+    for n, content in enumerate(["one", "two"]):
+        episode_id = await ready(host, f"ep-{n}")
+        made = await host.step(
+            episode_id=episode_id,
+            action=shell(f"printf {content} > secret; chmod 000 secret; mkdir box; echo {content} > box/in; chmod 000 box"),
+        )
+        assert made.error is None, made
+        denied = await host.step(episode_id=episode_id, action=tool("fs.read", path="secret"))
+        assert denied.error.type == "permission_denied"  # file tools have the agent's rights
+        digests.append(made.diagnostics["workspace_digest"])
+        assert made.diagnostics.get("workspace_digest_complete", True)
+    assert digests[0] != digests[1]
+    # A FIFO and a socket at the same path with the same mode are different worlds too.
+    kinds = []
+    for n, make in enumerate(["mkfifo node", "python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"node\")'"]):
+        episode_id = await ready(host, f"kind-{n}")
+        made = await host.step(episode_id=episode_id, action=shell(f"{make} && chmod 600 node"))
+        assert made.error is None, made
+        kinds.append(made.diagnostics["workspace_digest"])
+    assert kinds[0] != kinds[1]
+
+
+async def test_row_24_a_hard_link_from_outside_never_makes_the_digest_stale(host):
+    episode_id = await ready(host)
+    linked = await host.step(episode_id=episode_id, action=shell("echo one > $HOME/outside && ln $HOME/outside inside"))
+    assert linked.error is None, linked
+    changed = await host.step(episode_id=episode_id, action=shell("echo two > $HOME/outside"))
+    assert changed.diagnostics["workspace_digest"] != linked.diagnostics["workspace_digest"]
+    assert "inside" in changed.diagnostics["changed_paths"]
+    read = await host.step(episode_id=episode_id, action=tool("fs.read", path="inside"))
+    assert read.observation == "two\n"
+    assert read.diagnostics["workspace_digest"] == changed.diagnostics["workspace_digest"]
+
+
+async def test_row_27_non_utf8_names_come_back_as_readable_text(host):
+    episode_id = await ready(host)
+    made = await host.step(episode_id=episode_id, action=shell(r"""touch "$(printf 'bad\377name')" """))
+    assert made.error is None, made
+    assert made.diagnostics["changed_paths"] == ["bad\\xffname"]
+    listing = await host.step(episode_id=episode_id, action=tool("fs.list"))
+    assert {"name": "bad\\xffname", "type": "file", "size": 0} in listing.observation
+    await host.step(episode_id=episode_id, action=shell("echo still alive"))
+
+
+async def test_row_30_enormous_listings_are_capped(host):
+    """25,000 files (creating 10^5 takes this machine's overlay filesystem 10-30 s); the caps are
+    the defaults, 10,000 each."""
+    episode_id = await ready(host)
+    many = await host.step(
+        episode_id=episode_id,
+        action=py("import os\nos.mkdir('many')\nfor i in range(25000): open('many/f%06d' % i, 'w').close()", timeout_s=120),
+    )
+    assert many.error is None, many
+    assert len(many.diagnostics["changed_paths"]) == 10_000
+    assert many.diagnostics["changed_paths_truncated"] is True
+    assert many.diagnostics["changed_paths_count"] == 25_001
+    listing = await host.step(episode_id=episode_id, action=tool("fs.list", path="many"))
+    assert len(listing.observation) == 10_000 and listing.observation[0]["name"] == "f000000"
+    assert listing.diagnostics["entries"] == 25_000 and listing.diagnostics["truncated"] is True
+
+
+def container_size_rw(episode_id: str) -> int:
+    client = docker.from_env()
+    try:
+        (summary,) = client.api.containers(all=True, size=True, filters={"label": f"{L.EPISODE}={episode_id}"})
+        return int(summary.get("SizeRw") or 0)
+    finally:
+        client.close()
+
+
+async def test_row_32_a_workspace_quota_stops_filling_the_disk(tmp_path, seed_root, docker_engine):
+    quota = 64 * 1024 * 1024
+    async with create_host_environment(
+        run_root=tmp_path / "run", seed_root=seed_root, image=SUPPORT_DESK,
+        container={"workspace_quota_bytes": quota, "workspace_quota_inodes": 2000},
+    ) as host:
+        episode_id = await ready(host)
+        fill = await host.step(
+            episode_id=episode_id, action=shell("for i in $(seq 1 40); do head -c 16M /dev/zero > big$i; done", timeout_s=60)
+        )
+        assert fill.error is not None and fill.error.type == "quota_exceeded", fill
+        # Stopped within one poll interval of the quota: the host's disk holds about the quota.
+        assert container_size_rw(episode_id) < quota + 48 * 1024 * 1024
+        write = await host.step(episode_id=episode_id, action=tool("fs.write", path="more.txt", content="x" * 4096))
+        assert write.error.type == "quota_exceeded"
+        assert not any(e["name"] == "more.txt" for e in (await host.step(episode_id=episode_id, action=tool("fs.list"))).observation)
+        freed = await host.step(episode_id=episode_id, action=shell("rm -f big*"))
+        assert freed.error is None, freed
+        inodes = await host.step(episode_id=episode_id, action=shell("mkdir n && cd n && touch $(seq 1 3000)"))
+        assert inodes.error is not None and inodes.error.type == "quota_exceeded", inodes
+        await host.step(episode_id=episode_id, action=shell("rm -rf n"))
+        ok = await host.step(episode_id=episode_id, action=tool("fs.write", path="small.txt", content="fine"))
+        assert ok.error is None
+
+
+async def test_row_33_a_fifo_where_the_hook_reads_is_refused_at_once(tmp_path, seed_root, docker_engine):
+    seen: list[str] = []
+
+    async def on_step(ctx) -> dict:  # type: ignore[no-untyped-def]
+        if await ctx.exists("report.txt"):
+            try:
+                seen.append(await ctx.read_text("report.txt"))
+            except SandboxError as err:
+                seen.append(f"refused: {err}")
+        return {}
+
+    async with create_host_environment(
+        run_root=tmp_path / "run", seed_root=seed_root, image=SUPPORT_DESK, on_step=on_step, tool_timeout_s=20
+    ) as host:
+        episode_id = await ready(host)
+        await host.step(episode_id=episode_id, action=shell("mkfifo report.txt"))
+        assert len(seen) == 1 and "not_a_regular_file" in seen[0], seen
+        after = await host.step(episode_id=episode_id, action=shell("rm report.txt; echo report > report.txt"))
+        assert after.error is None and seen[-1] == "report\n"
+
+
+def inotify_fds_of(uid: int) -> int:
+    """inotify instances held by processes of ``uid`` (host view of /proc)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+            if f"\nUid:\t{uid}\t" not in status:
+                continue
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                if os.readlink(f"/proc/{entry}/fd/{fd}") == "anon_inode:inotify":
+                    count += 1
+        except OSError:
+            continue
+    return count
+
+
+EXHAUST_INOTIFY = (
+    "import ctypes, time\n"
+    "libc = ctypes.CDLL(None)\n"
+    "fds = []\n"
+    "while True:\n"
+    "    fd = libc.inotify_init1(0)\n"
+    "    if fd < 0: break\n"
+    "    fds.append(fd)\n"
+    "print(len(fds), flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
+async def test_row_34_per_uid_kernel_limits_are_per_episode(host):
+    limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    greedy, other = await ready(host, "greedy"), await ready(host, "other")
+    greedy_uid = hello_of(host, greedy).uid
+    assert greedy_uid != hello_of(host, other).uid and greedy_uid != os.getuid()
+    hog = asyncio.create_task(host.step(episode_id=greedy, action=py(EXHAUST_INOTIFY, timeout_s=60)))
+    try:
+        # Wait (by observing, not by time) until the greedy episode holds every instance its uid may.
+        while inotify_fds_of(greedy_uid) < limit:
+            assert not hog.done(), hog.result()
+            await asyncio.sleep(0.05)
+        neighbour = await host.step(
+            episode_id=other, action=py("import ctypes; print(ctypes.CDLL(None).inotify_init1(0) >= 0)")
+        )
+        assert neighbour.observation == "True\n", neighbour
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(0)
+        assert fd >= 0  # the host's own user is unaffected
+        os.close(fd)
+    finally:
+        await host.destroy(episode_id=greedy)
+        await asyncio.gather(hog, return_exceptions=True)
+
+
+async def test_row_39_exit_codes_that_mimic_limits_are_not_reported_as_limits(host):
+    episode_id = await ready(host)
+    fake_fsize = await host.step(episode_id=episode_id, action=shell("exit 153"))
+    assert fake_fsize.error.type == "command_failed" and fake_fsize.diagnostics["exit_code"] == 153
+    fake_oom = await host.step(episode_id=episode_id, action=shell("exit 137"))
+    assert fake_oom.error.type == "command_failed" and fake_oom.diagnostics["exit_code"] == 137
+    sigkill = await host.step(episode_id=episode_id, action=shell("kill -9 $$"))
+    assert sigkill.error.type == "command_failed"
+    real = await host.step(episode_id=episode_id, action=shell("head -c 2G /dev/zero > huge", timeout_s=60))
+    assert real.error.type == "file_too_large", real
