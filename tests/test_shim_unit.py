@@ -235,3 +235,31 @@ def test_seed_op_writes_files_as_the_shim_user_and_rescans(tmp_path):
     with pytest.raises(shim.ProtocolError):
         s.handle({"op": "seed", "archive": base64.b64encode(bad.getvalue()).decode()})
     assert not (tmp_path / "escape").exists()
+
+
+def test_a_shim_that_is_not_a_containers_init_never_signals_other_processes(tmp_path):
+    """Outside a container (as here) kill(-1) would reach every process the user may signal."""
+    import json
+    import subprocess
+    import sys
+
+    bystander = subprocess.Popen(["sleep", "60"])
+    shim_process = subprocess.Popen(
+        [sys.executable, "-I", shim.__file__, "--workspace", str(tmp_path), "--manifest", "/nonexistent.json"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    try:
+        requests = [
+            {"id": 1, "op": "call", "tool": "shell.exec", "args": {"command": "true"}, "timeout_s": 10, "output_cap": 1024},
+            {"id": 2, "op": "rescan"},
+        ]
+        for request in requests:
+            shim_process.stdin.write(json.dumps(request).encode() + b"\n")
+            shim_process.stdin.flush()
+            assert json.loads(shim_process.stdout.readline())["ok"]
+        assert bystander.poll() is None  # still running
+    finally:
+        shim_process.kill()
+        shim_process.wait()
+        bystander.kill()
+        bystander.wait()

@@ -486,6 +486,11 @@ def clear_processes(deadline_s=SWEEP_DEADLINE_S):
     still exists at the deadline (an uninterruptible sleep) makes this return False.
     """
     me = os.getpid()
+    if me != 1:
+        # Not a container's init (the shim run directly, as the unit tests do): kill(-1) would
+        # reach every process this user may signal on the machine, so touch nobody else.
+        reap_orphans()
+        return True
     deadline = time.monotonic() + deadline_s
     while True:
         try:
@@ -1431,6 +1436,14 @@ def main(argv):
     hardened = harden()
     if os.geteuid() == 0:
         os.setgroups([])  # acting as the agent must not keep root's supplementary groups
+    if numbers.get("max_processes"):
+        # Per real uid, so per episode (each has its own uids); the shim itself (uid 0) is exempt.
+        # Under gVisor the container's pids limit counts the sandbox kernel's threads, not the
+        # agent's processes: this is what stops a fork bomb there.
+        import resource
+
+        limit = numbers["max_processes"]
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
     agent = _ids(numbers, "agent")
     identity = Identity(agent=agent, tool=_ids(numbers, "tool") or agent)
     limits = Limits(
@@ -1472,12 +1485,20 @@ def main(argv):
             encoded = data.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate somewhere: send it as readable text
             encoded = json.dumps(_readable(response), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-        stdout.write(encoded + b"\n")
+        _write_all(stdout, encoded + b"\n")
+
+
+def _write_all(raw, data):
+    """Write every byte: a raw write may take only part of it (gVisor's pipes do, past 64 KiB)."""
+    view = memoryview(data)
+    while view:
+        written = raw.write(view)
+        view = view[written or 0:]
 
 
 _NUMERIC_OPTIONS = (
     "agent_uid", "agent_gid", "tool_uid", "tool_gid", "quota_bytes", "quota_inodes",
-    "max_list_entries", "max_changed_paths", "max_timeout_s",
+    "max_list_entries", "max_changed_paths", "max_timeout_s", "max_processes",
 )
 
 
