@@ -55,6 +55,38 @@ def docker_engine() -> Iterator[None]:
     yield
 
 
+def _runsc_problem() -> str | None:
+    import docker
+
+    try:
+        client = docker.from_env()
+        runtimes = client.info().get("Runtimes") or {}
+        client.close()
+    except Exception as err:  # reported as the reason
+        return f"cannot ask the engine for its runtimes: {err}"
+    if "runsc" not in runtimes:
+        return "the engine has no runsc runtime (`bash .ci/setup` registers it where it installs Docker)"
+    return None
+
+
+@pytest.fixture(params=["default", "runsc"])
+def episode_runtime(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, docker_engine: None) -> str:
+    """Row 40: each security test runs with the engine's default runtime and again under gVisor
+    (every ContainerSettings created during the test defaults to it)."""
+    from softprobe.gym.settings import RUNTIME_ENV
+
+    if request.param == "runsc":
+        problem = _runsc_problem()
+        if problem is not None:
+            if os.environ.get("CI"):
+                pytest.fail(f"CI must run the security matrix under gVisor, but: {problem}", pytrace=False)
+            pytest.skip(f"gVisor run skipped: {problem}")
+        monkeypatch.setenv(RUNTIME_ENV, "runsc")
+    else:
+        monkeypatch.delenv(RUNTIME_ENV, raising=False)
+    return str(request.param)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("docker"):

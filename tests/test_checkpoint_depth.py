@@ -48,7 +48,9 @@ async def test_a_flattened_checkpoint_keeps_world_user_tools_and_environment(tmp
             episode_id=current,
             action=tool("shell.exec", command="id -u; echo $HOME; ls /workspace | wc -l; cat /etc/softprobe/tools.json | head -c 1"),
         )
-        assert probe.observation.split() == ["1000", "/home/agent", "6", "{"]
+        uid, *rest = probe.observation.split()
+        assert rest == ["/home/agent", "6", "{"]
+        assert uid == str(host._episodes[current].sandbox.hello.uid)  # the child's own uid
         account = await host.step(episode_id=current, action=tool("crm.get_account", id="A-42"))
         assert account.observation["id"] == "A-42"
     client.close()

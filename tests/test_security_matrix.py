@@ -24,7 +24,7 @@ from helpers import SUPPORT_DESK, processes, ready, tool
 from softprobe.gym import EpisodeBrokenError, create_host_environment
 from softprobe.gym import labels as L
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("episode_runtime")]  # row 40: runc and runsc
 
 
 def shell(command: str, **extra: object) -> dict:

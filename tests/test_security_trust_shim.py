@@ -21,7 +21,7 @@ from softprobe.gym import labels as L
 from softprobe.gym.errors import SandboxError
 from softprobe.gym.sandbox.docker_backend import SHIM_SHA256
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("episode_runtime")]  # row 40: runc and runsc
 
 ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
 
@@ -136,6 +136,7 @@ if os.fork() == 0:
     os._exit(0)
 # 2. a process that re-forks and lets its parent exit, over and over, leaving zombies behind
 if os.fork() == 0:
+    os.setsid()
     while True:
         pid = os.fork()
         if pid:
@@ -147,6 +148,7 @@ if os.fork() == 0:
             f.write('refork\n')
 # 3. a thread group whose leader exits: /proc shows a zombie, the thread keeps writing
 if os.fork() == 0:
+    os.setsid()
     threading.Thread(target=writer, args=('thread',)).start()
     time.sleep(0.05)
     ctypes.CDLL(None).syscall(60, 0)  # SYS_exit (x86_64): ends only the calling thread
@@ -173,14 +175,15 @@ async def test_row_22_finalize_and_checkpoint_record_what_they_capture(tmp_path,
     caps = {"environment_checkpoint": True, "deterministic_prefix_reexecution": True}
     async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, capabilities=caps) as host:
         episode_id = await ready(host)
-        # A writer that would change the workspace after the step, if it survived.
-        await host.step(episode_id=episode_id, action=shell("(sleep 0.2; echo late > late.txt) & echo bye"))
-        last = await host.step(episode_id=episode_id, action=tool("fs.write", path="a.txt", content="a"))
+        # Writers that keep changing the workspace after their step, if they survive it.
+        started = await host.step(episode_id=episode_id, action=py(ESCAPERS))
+        assert "started" in started.observation, started
+        last = await host.step(episode_id=episode_id, action=tool("fs.read", path="late.log"))
         ckpt = await host.checkpoint(episode_id=episode_id)
         result = await host.finalize(episode_id=episode_id)
         assert ckpt.workspace_digest == result.workspace_digest == last.diagnostics["workspace_digest"]
-        assert not (result.workspace_path / "late.txt").exists()
-        # The checkpoint holds exactly the recorded world: a fork from it verifies the digest.
+        # The artifacts are exactly the world the digest describes.
+        assert (result.workspace_path / "late.log").read_text() == last.observation
         await host.destroy(episode_id=episode_id)
 
 

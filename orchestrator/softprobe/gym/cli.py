@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Sequence
 
 from . import __version__
 from .errors import GymError
+from .settings import RUNTIME_ENV
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -20,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
+    if getattr(args, "runtime", None):
+        # The default of every ContainerSettings this process creates (see RUNTIME_ENV).
+        os.environ[RUNTIME_ENV] = args.runtime
     try:
         return int(args.run(args) or 0)
     except GymError as err:
@@ -28,6 +33,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("softprobe-gym: interrupted", file=sys.stderr)
         return 130
+
+
+def _add_runtime(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--runtime",
+        metavar="NAME",
+        help="OCI runtime of the episode containers, e.g. runsc (gVisor); it must be registered "
+        "with the engine (default: $SOFTPROBE_GYM_RUNTIME, else the engine's default)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
         help="where episode folders are written (default: %(default)s)",
     )
     _add_mode(demo)
+    _add_runtime(demo)
     demo.set_defaults(run=_run_demo)
 
     gc = commands.add_parser(
@@ -88,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--image", default="softprobe/support-desk:latest", help="image to measure on (default: %(default)s)")
     bench.add_argument("--quick", action="store_true", help="fewer samples (well under a minute)")
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_runtime(bench)
     bench.set_defaults(run=_run_bench)
 
     grade = commands.add_parser(
@@ -124,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--resume", action="store_true", help="skip tasks already finished in DIR")
     evaluate.add_argument("--backend", choices=["auto", "native", "cli"], help="grading backend (default: the suite's)")
     evaluate.add_argument("--ray", metavar="auto|ADDRESS", help="run the episodes across a Ray cluster (needs the ray extra)")
+    _add_runtime(evaluate)
     evaluate.set_defaults(run=_run_eval)
 
     images = commands.add_parser("images", help="build the project's images")

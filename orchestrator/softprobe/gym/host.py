@@ -910,6 +910,7 @@ def create_host_environment(
         from .sandbox.docker_backend import DockerBackend
 
         backend = DockerBackend(docker_host=docker_host)
+    backend.check_settings(settings)  # e.g. a runtime the engine lacks: refused now, not per reset
     return HostEnvironment(
         run_root=run_path,
         seed_root=seed_path,

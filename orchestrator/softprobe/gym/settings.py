@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: Environment variable naming the default OCI runtime of episode containers.
+RUNTIME_ENV = "SOFTPROBE_GYM_RUNTIME"
 
 
 class Capabilities(BaseModel):
@@ -50,6 +55,10 @@ class ContainerSettings(BaseModel):
         no_new_privileges: forbid gaining privileges through setuid binaries (default).
         environment: variables set in the container, on top of the image's own. The host's
             environment is never passed in.
+        runtime: the OCI runtime of every episode container, e.g. ``"runsc"`` (gVisor: a second
+            kernel between tools and the host's). ``None`` takes ``$SOFTPROBE_GYM_RUNTIME`` if
+            set, else the engine's default (``runc``). A runtime the engine does not have is a
+            ``ConfigurationError`` when the host is created, never a silent fallback.
         workspace_quota_bytes: the most the workspace may hold (bytes or a size like ``"2g"``;
             a file counts its apparent or allocated size, whichever is larger). A step that
             grows the workspace past it fails with ``quota_exceeded`` (a running command is
@@ -76,6 +85,7 @@ class ContainerSettings(BaseModel):
     cap_add: tuple[str, ...] = ()
     no_new_privileges: bool = True
     environment: dict[str, str] = Field(default_factory=dict)
+    runtime: str | None = Field(default_factory=lambda: os.environ.get(RUNTIME_ENV) or None)
     workspace_quota_bytes: int | str | None = "2g"
     workspace_quota_inodes: int | None = Field(default=250_000, ge=1)
     max_list_entries: int = Field(default=10_000, ge=1)

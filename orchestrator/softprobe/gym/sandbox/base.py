@@ -132,6 +132,9 @@ class SweepReport(BaseModel):
 class SandboxBackend(ABC):
     """Starts sandboxes and cleans up after them."""
 
+    def check_settings(self, settings: ContainerSettings) -> None:
+        """Raise ConfigurationError for settings this provider cannot honour (default: none)."""
+
     @abstractmethod
     async def start(self, spec: SandboxSpec) -> Sandbox:
         """Start a container from ``spec.image``, copy ``spec.seed_root`` into ``/workspace``,

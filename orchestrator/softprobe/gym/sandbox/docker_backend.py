@@ -28,6 +28,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_ex
 
 from .. import labels as L
 from ..errors import (
+    ConfigurationError,
     DockerUnavailableError,
     ImageNotFoundError,
     SandboxError,
@@ -156,6 +157,28 @@ class DockerBackend(SandboxBackend):
     async def _run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(func, *args, **kwargs))
+
+    # -- settings ------------------------------------------------------------------------------
+
+    def check_settings(self, settings: ContainerSettings) -> None:
+        """Refuse settings this engine cannot honour (today: an unknown ``runtime``).
+
+        Raises:
+            ConfigurationError: the engine has no runtime by that name; the message says how to
+                register one.
+            DockerUnavailableError: no engine answers.
+        """
+        if settings.runtime is None:
+            return
+        runtimes = sorted((control_plane(self.client.info)().get("Runtimes") or {}).keys())
+        if settings.runtime not in runtimes:
+            raise ConfigurationError(
+                f"container runtime {settings.runtime!r} is not registered with this Docker engine "
+                f"(it has: {', '.join(runtimes) or 'none'}). Register it in /etc/docker/daemon.json, "
+                'e.g. {"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": '
+                '["--network=none"]}}} (Debian: apt-get install runsc), then restart dockerd; on '
+                "Docker Desktop add the same under Settings > Docker Engine."
+            )
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -352,6 +375,10 @@ class DockerBackend(SandboxBackend):
     def _start(self, container_id: str) -> None:
         self.client.api.start(container_id)
 
+    @control_plane
+    def _container_state(self, container_id: str) -> dict[str, Any]:
+        return dict(self.client.api.inspect_container(container_id).get("State") or {})
+
     def _remove(self, container_id: str) -> None:
         try:
             self._remove_with_retry(container_id)
@@ -456,6 +483,7 @@ def _shim_options(settings: ContainerSettings, ids: EpisodeIds) -> list[str]:
         "--quota-inodes", str(settings.workspace_quota_inodes or 0),
         "--max-list-entries", str(settings.max_list_entries),
         "--max-changed-paths", str(settings.max_changed_paths),
+        "--max-processes", str(settings.pids_limit),
     ]
     if ids.agent_uid:
         options += ["--agent-uid", str(ids.agent_uid), "--agent-gid", str(ids.agent_gid),
@@ -470,7 +498,10 @@ def _host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
         # The shim itself is PID 1 (it reaps orphans): with Docker's init, a same-uid init process
         # would hold the protocol pipes where tool processes could reach them.
         "init": False,
-        "pids_limit": settings.pids_limit,
+        # Under gVisor the cgroup's pids limit counts the sandbox kernel's own threads (too low
+        # a limit crashes the whole sandbox): there the shim's RLIMIT_NPROC on the episode's uid,
+        # which gVisor enforces, is the process limit.
+        "pids_limit": None if settings.runtime == "runsc" else settings.pids_limit,
         "mem_limit": memory,
         "memswap_limit": memory,  # equal to memory: no swap beyond the limit
         "nano_cpus": int(settings.cpus * 1e9),
@@ -487,6 +518,8 @@ def _host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
     if settings.tmp_size is not None:
         # Bounded scratch space; tmpfs pages count against the container's memory limit.
         kwargs["tmpfs"] = {"/tmp": f"rw,nosuid,nodev,size={settings.tmp_size},mode=1777"}
+    if settings.runtime is not None:
+        kwargs["runtime"] = settings.runtime
     if settings.drop_capabilities:
         kwargs["cap_drop"] = ["ALL"]
         kwargs["cap_add"] = sorted(set(_SHIM_CAPABILITIES) | set(settings.cap_add))
@@ -569,9 +602,24 @@ class DockerSandbox(Sandbox):
     async def call_tool(
         self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int
     ) -> CallResult:
-        return await self._shim.call_tool(
-            tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap
-        )
+        try:
+            return await self._shim.call_tool(
+                tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap
+            )
+        except SandboxLostError as err:
+            raise SandboxLostError(await self._why_lost(str(err))) from None
+
+    async def _why_lost(self, reason: str) -> str:
+        """``reason``, plus what the engine knows: a container the kernel OOM-killed as a whole
+        (under gVisor a memory bomb takes the whole sandbox, not one process)."""
+        try:
+            state = await self._backend._run(self._backend._container_state, self.sandbox_id)
+        except Exception:  # the container may be gone already; the original reason stands
+            return reason
+        if state.get("OOMKilled"):
+            return (f"{reason}; the container ran out of memory and was killed as a whole (raise "
+                    "container memory, or expect this for memory bombs under gVisor)")
+        return reason
 
     async def seed(self, seed_root: Path | None) -> HelloResult:
         if seed_root is None:
