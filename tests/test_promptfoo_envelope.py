@@ -379,3 +379,13 @@ async def test_native_and_cli_bundles_have_the_same_shape(name, output, assertio
     n_case, c_case = (o.native_bundle["results"]["results"][0]["testCase"] for o in (native, cli))
     assert set(n_case) == set(c_case) and n_case["assert"] == c_case["assert"]
     assert native.native_bundle["metadata"]["promptfooVersion"] is None  # promptfoo did not run
+
+
+@pytest.mark.promptfoo
+async def test_describe_runner_reports_the_installed_promptfoo_version():
+    needs_cli()
+    cli = describe_runner("cli")
+    assert cli.available and cli.trajectory_assertion_mapping["final_output_assertions"] == "supported"
+    outcome = await execute_promptfoo_eval(attempt_id="t", final_output="x", assertions=[], backend="cli")
+    assert cli.version == outcome.native_bundle["metadata"]["promptfooVersion"] == outcome.framework_result.framework.version
+    assert describe_runner("auto").backend_versions == {"native": describe_runner("native").version, "cli": cli.version}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -113,6 +114,7 @@ async def run_suite(
     if not resume:
         for stale in records_dir.glob("*.json"):
             stale.unlink()
+        shutil.rmtree(out / "grading", ignore_errors=True)  # a previous run's grading artifacts
     pending = [t for t in tasks if t.id not in finished]
     total, done = len(tasks), len(tasks) - len(pending)
     if finished:
