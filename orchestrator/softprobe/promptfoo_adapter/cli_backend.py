@@ -31,7 +31,7 @@ from .models import Assertion, EvalCase
 
 DEFAULT_TIMEOUT_S = 300.0
 # Errors that mean the machine ran out of something, not that promptfoo is broken.
-_EXHAUSTED = {errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EDQUOT}
+EXHAUSTED_ERRNOS = frozenset({errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EDQUOT})
 _TEMPLATE_MARKERS = ("{{", "{%", "{#")
 
 
@@ -177,7 +177,7 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
             config_path.write_text(json.dumps(build_config(cases, base=Path.cwd()), ensure_ascii=False))
         except OSError as err:
             raise PromptfooCliError(f"cannot write the promptfoo config: {err.strerror}",
-                                    status="resource_exhausted" if err.errno in _EXHAUSTED else "runner_error") from None
+                                    status="resource_exhausted" if err.errno in EXHAUSTED_ERRNOS else "runner_error") from None
         env = _offline_env(work / "promptfoo-home")
         args = [*command, "eval", "-c", str(config_path), "-o", str(output_path),
                 "--no-cache", "--no-progress-bar", "--no-table", "--no-share"]
@@ -187,7 +187,7 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
             )
         except OSError as err:
-            exhausted = err.errno in _EXHAUSTED
+            exhausted = err.errno in EXHAUSTED_ERRNOS
             raise PromptfooCliError(
                 f"cannot run {command[0]}: {err.strerror}"
                 + ("; free some memory, processes or disk and grade again" if exhausted else ""),

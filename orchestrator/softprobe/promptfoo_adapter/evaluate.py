@@ -9,14 +9,21 @@ caller asked that cannot be done at all (an unsupported mapping).
 from __future__ import annotations
 
 import asyncio
-import errno
 import time
 from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any, Iterable
 
 from .bundle import native_bundle, native_row, slice_bundle
-from .cli_backend import DEFAULT_TIMEOUT_S, cli_version, find_cli, row_error_status, rows_by_case, run_cli
+from .cli_backend import (
+    DEFAULT_TIMEOUT_S,
+    EXHAUSTED_ERRNOS,
+    cli_version,
+    find_cli,
+    row_error_status,
+    rows_by_case,
+    run_cli,
+)
 from .errors import PromptfooCliError, UnsupportedAssertionError, UnsupportedMappingError
 from .framework_result import MAPPINGS
 from .models import Assertion, Backend, EvalCase, EvalOutcome, RunnerDescription, TrajectoryStep
@@ -157,9 +164,6 @@ def choose_backend(case: EvalCase, backend: Backend) -> str:
     raise UnsupportedAssertionError(f"cannot grade {native!r}: the native backend lacks it and {why}", native)
 
 
-_EXHAUSTED = {errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.EAGAIN}
-
-
 def _grade_one_natively(case: EvalCase, version: str, mappings: list[str]) -> EvalOutcome:
     started, clock = datetime.now(timezone.utc), time.perf_counter()
     try:
@@ -169,7 +173,7 @@ def _grade_one_natively(case: EvalCase, version: str, mappings: list[str]) -> Ev
                              status="resource_exhausted", status_reason="out of memory while grading",
                              requested_mappings=mappings)
     except OSError as err:  # a python assertion's interpreter could not start
-        status = "resource_exhausted" if err.errno in _EXHAUSTED else "runner_error"
+        status = "resource_exhausted" if err.errno in EXHAUSTED_ERRNOS else "runner_error"
         return build_outcome(case, backend="native", version=version, bundle=None, row=None, status=status,
                              status_reason=f"grading failed: {err}", requested_mappings=mappings)
     duration = round((time.perf_counter() - clock) * 1000)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import yaml
@@ -706,7 +706,6 @@ class NativeGrade:
     error: str | None = None
     status: str = "succeeded"
     errored_path: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def check_native(case: EvalCase) -> None:

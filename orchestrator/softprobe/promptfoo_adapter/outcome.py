@@ -33,13 +33,15 @@ def new_evaluator_trace_id(source_trace_id: str | None) -> str:
 
 
 def framework_attempt_id(attempt_id: str) -> str:
-    """``fatt_...``: the caller's id if it has that form, else one derived from it."""
+    """``fatt_...``: the caller's id if it has that form; ``fatt_<id>`` if the id is made of safe
+    characters; else its safe characters and a digest of it (so distinct ids stay distinct)."""
     if _ATTEMPT_ID.fullmatch(attempt_id):
         return attempt_id
-    cleaned = re.sub(r"[^A-Za-z0-9._:-]", "_", attempt_id)
-    if cleaned == attempt_id and attempt_id:
+    cleaned = re.sub(r"[^A-Za-z0-9._:-]+", "_", attempt_id).strip("_")[:48]
+    if cleaned and cleaned == attempt_id:
         return f"fatt_{attempt_id}"
-    return f"fatt_{cleaned.strip('_')[:48]}_{hashlib.sha256(attempt_id.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}".replace("__", "_")
+    digest = hashlib.sha256(attempt_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"fatt_{cleaned}_{digest}" if cleaned else f"fatt_{digest}"
 
 
 def assertion_paths(assertions: list[Assertion]) -> list[tuple[str, Assertion]]:
