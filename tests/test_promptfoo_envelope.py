@@ -254,6 +254,9 @@ async def test_a_rollout_that_broke_is_graded_as_its_failure_without_running_any
     ])
     assert_errored(broken, "subject_error", "container died")
     assert_errored(cancelled, "cancelled", "interrupted")
+    single = await execute_promptfoo_eval(attempt_id="s", final_output="", assertions=[],
+                                          subject_failure={"reason": "the shim stopped answering"})
+    assert_errored(single, "subject_error", "shim stopped answering")
 
 
 def test_every_status_is_in_the_schema():

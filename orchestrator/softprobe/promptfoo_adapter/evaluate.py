@@ -26,7 +26,7 @@ from .cli_backend import (
 )
 from .errors import PromptfooCliError, UnsupportedAssertionError, UnsupportedMappingError
 from .framework_result import MAPPINGS
-from .models import Assertion, Backend, EvalCase, EvalOutcome, RunnerDescription, TrajectoryStep
+from .models import Assertion, Backend, EvalCase, EvalOutcome, RunnerDescription, SubjectFailure, TrajectoryStep
 from .native import HANDLERS, MEASURED_TYPES, TRAJECTORY_TYPES, base_type, grade_native, native_problem
 from .outcome import build_outcome, path_of_type
 
@@ -270,6 +270,7 @@ async def execute_promptfoo_eval(
     backend: Backend = "auto",
     requested_mappings: list[str] | None = None,
     cli_timeout_s: float = DEFAULT_TIMEOUT_S,
+    subject_failure: SubjectFailure | dict[str, Any] | None = None,
 ) -> EvalOutcome:
     """Grade one finished rollout with Promptfoo assertions.
 
@@ -289,6 +290,8 @@ async def execute_promptfoo_eval(
         requested_mappings: mappings the grading must support (``final_output_assertions``,
             ``trajectory_step_assertions``); see :func:`describe_runner`.
         cli_timeout_s: how long the promptfoo CLI may take (status ``timed_out`` after that).
+        subject_failure: the rollout broke (``{"reason": ..., "status": "subject_error"}``, or
+            ``cancelled``...): nothing is graded and the outcome carries that status.
 
     Returns:
         EvalOutcome: ``native_bundle`` (promptfoo's JSON), ``framework_result`` (the
@@ -312,6 +315,7 @@ async def execute_promptfoo_eval(
         steps=steps,
         latency_ms=latency_ms,
         cost=cost,
+        subject_failure=subject_failure,
     )
     (outcome,) = await grade_cases([case], backend=backend, requested_mappings=requested_mappings,
                                    cli_timeout_s=cli_timeout_s)
