@@ -49,6 +49,12 @@ def test_the_example_suite_runs_end_to_end(example_run):
     assert Path(refund["artifacts"], "workspace", "refund-note.md").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["planned"], summary["passed"], summary["failed"], summary["pass_rate"]) == (5, 4, 1, 0.8)
+    assert summary["errored"] == 0 and summary["status_counts"]["succeeded"] == 5
+    for task in results:  # both grading artifacts per task, named in results.jsonl
+        assert set(results[task]["grading"]) == {"framework_result", "native_bundle"}
+        envelope = json.loads((out / results[task]["grading"]["framework_result"]).read_text())
+        assert envelope["schema"] == "softprobe.framework-result/v1" and envelope["attempt_label"] == task
+        assert envelope["trace_links"][0]["source_trace_id"] == results[task]["source_trace_id"]
     assert (out / "report.html").stat().st_size > 5000
 
 

@@ -11,6 +11,7 @@ import pytest
 from softprobe.promptfoo_adapter import (
     PromptfooCliError,
     UnsupportedAssertionError,
+    choose_backend,
     execute_promptfoo_eval,
     grade_cases,
 )
@@ -85,27 +86,32 @@ async def test_results_carry_the_ids_and_named_scores():
     assert result.reason == 'Expected output to contain "B"'
 
 
-async def test_the_native_backend_names_a_type_it_lacks():
+async def test_the_native_backend_names_a_type_it_lacks_in_an_unsupported_outcome():
+    outcome = await execute_promptfoo_eval(attempt_id="t", final_output="x", assertions=[{"type": "javascript", "value": "true"}], backend="native")
+    assert outcome.status == "unsupported" and "'javascript'" in outcome.error
+    assert outcome.score is None and not outcome.passed and outcome.native_bundle is None
     with pytest.raises(UnsupportedAssertionError, match="'javascript'") as caught:
-        await execute_promptfoo_eval(attempt_id="t", final_output="x", assertions=[{"type": "javascript", "value": "true"}], backend="native")
+        choose_backend(EvalCase(attempt_id="t", final_output="x", assertions=[{"type": "javascript", "value": "true"}]), "native")
     assert caught.value.assertion_type == "javascript"
 
 
 async def test_the_cli_backend_refuses_what_only_the_native_backend_grades():
-    with pytest.raises(UnsupportedAssertionError, match="trajectory:tool-used"):
-        await execute_promptfoo_eval(attempt_id="t", final_output="x", steps=STEPS,
-                                     assertions=[{"type": "trajectory:tool-used", "value": "x"}], backend="cli")
+    outcome = await execute_promptfoo_eval(attempt_id="t", final_output="x", steps=STEPS,
+                                           assertions=[{"type": "trajectory:tool-used", "value": "x"}], backend="cli")
+    assert outcome.status == "unsupported" and "trajectory:tool-used" in outcome.error and outcome.backend == "cli"
 
 
 async def test_auto_without_the_cli_says_how_to_install_it(monkeypatch):
     monkeypatch.setenv("SOFTPROBE_PROMPTFOO", "/nonexistent/promptfoo")
     assert find_cli() is None
     native = await execute_promptfoo_eval(attempt_id="t", final_output="x", assertions=[{"type": "contains", "value": "x"}])
-    assert native.backend == "native"
-    with pytest.raises(UnsupportedAssertionError, match="npm install -g promptfoo@0.121"):
-        await execute_promptfoo_eval(attempt_id="t", final_output="x", assertions=[{"type": "javascript", "value": "true"}])
+    assert native.backend == "native" and native.status == "succeeded"
+    lacking = await execute_promptfoo_eval(attempt_id="t", final_output="x", assertions=[{"type": "javascript", "value": "true"}])
+    assert lacking.status == "unsupported" and "npm install -g promptfoo@0.121" in lacking.error
+    missing = await execute_promptfoo_eval(attempt_id="t", final_output="x", assertions=[{"type": "contains", "value": "x"}], backend="cli")
+    assert missing.status == "runner_error" and "not installed" in missing.error and missing.score is None
     with pytest.raises(PromptfooCliError, match="not installed"):
-        await execute_promptfoo_eval(attempt_id="t", final_output="x", assertions=[{"type": "contains", "value": "x"}], backend="cli")
+        await run_cli([EvalCase(attempt_id="t", final_output="x", assertions=[])])
 
 
 def fake_cli(tmp_path: Path, script: str) -> str:
@@ -120,13 +126,14 @@ async def test_an_operational_failure_carries_promptfoos_stderr(tmp_path, monkey
     with pytest.raises(PromptfooCliError, match="exit code 1") as caught:
         await run_cli([EvalCase(attempt_id="t", final_output="x", assertions=[{"type": "contains", "value": "x"}])])
     assert "config is broken: line 3" in str(caught.value) and "config is broken" in caught.value.stderr
+    assert caught.value.status == "runner_error"
 
 
 async def test_a_hanging_cli_times_out_with_a_typed_error(tmp_path, monkeypatch):
     monkeypatch.setenv("SOFTPROBE_PROMPTFOO", fake_cli(tmp_path, "echo starting >&2; exec sleep 30\n"))
     with pytest.raises(PromptfooCliError, match="did not finish within 0.5s") as caught:
         await run_cli([EvalCase(attempt_id="t", final_output="x", assertions=[])], timeout_s=0.5)
-    assert "starting" in caught.value.stderr
+    assert "starting" in caught.value.stderr and caught.value.status == "timed_out"
 
 
 def test_template_syntax_is_escaped_to_render_literally():

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from softprobe.promptfoo_adapter import EvalCase, grade_cases
+from softprobe.promptfoo_adapter import EvalCase, grade_cases, validate_framework_result
 from softprobe.promptfoo_adapter.cli_backend import find_cli
 
 pytestmark = pytest.mark.promptfoo
@@ -202,6 +202,19 @@ def test_there_are_at_least_80_parity_cases():
 def test_native_and_cli_agree(graded, name):
     native, cli = graded[name]
     assert (native.error is None) == (cli.error is None), (native, cli)
+    assert native.status == cli.status, (native.error, cli.error)
     assert native.passed == cli.passed, (native, cli)
     assert native.score == pytest.approx(cli.score, abs=1e-9), (native, cli)
     assert native.backend == "native" and cli.backend == "cli"
+    # The bundles agree on what the parity suite compares, and both envelopes are valid v1.
+    n_row, c_row = (o.native_bundle["results"]["results"][0] for o in (native, cli))
+    assert (n_row["success"], n_row["failureReason"]) == (c_row["success"], c_row["failureReason"])
+    assert n_row["score"] == pytest.approx(c_row["score"], abs=1e-9)
+    n_parts, c_parts = ((row["gradingResult"] or {}).get("componentResults", []) for row in (n_row, c_row))
+    assert [(c["pass"], pytest.approx(c["score"], abs=1e-9)) for c in n_parts] == [(c["pass"], c["score"]) for c in c_parts]
+    for outcome in (native, cli):
+        envelope = validate_framework_result(outcome.framework_result.to_json())
+        assert envelope.framework.runner == outcome.backend
+    if native.status == "succeeded":
+        n_find, c_find = native.framework_result.findings, cli.framework_result.findings
+        assert [(f.path, f.outcome) for f in n_find] == [(f.path, f.outcome) for f in c_find]

@@ -113,13 +113,22 @@ def _parser() -> argparse.ArgumentParser:
             "Grade every finished episode under RUN_DIR/episodes/ (those with a result.json) with "
             "the assertions in ASSERTIONS.yaml: a list of promptfoo assertions, or a mapping with "
             "'assert: [...]' and an optional 'threshold'. All rollouts go through one grading run. "
-            "Exit code 0 when all pass, 1 when some fail, 2 on a usage error."
+            "Each episode folder gets framework-result.json (the softprobe.framework-result/v1 "
+            "envelope: result status, digests, findings, trace links) and, when a grader ran, "
+            "promptfoo.native.json (promptfoo's own result JSON). A rollout that cannot be graded "
+            "gets a status (invalid_input, missing_evidence, unsupported, runner_error, timed_out, "
+            "resource_exhausted, cancelled, subject_error) and no score, and the rest are still "
+            "graded. Exit code 0 when all pass, 1 when some fail or err on their own "
+            "(invalid_input, missing_evidence, subject_error), 2 on a usage error or when the "
+            "grader could not grade some (unsupported, runner_error, timed_out, resource_exhausted, "
+            "cancelled)."
         ),
     )
     grade.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run root (the host's run_root)")
     grade.add_argument("--assert", dest="assertions", type=Path, required=True, metavar="ASSERTIONS.yaml")
     grade.add_argument("--backend", choices=["auto", "native", "cli"], default="auto", help="default: %(default)s")
-    grade.add_argument("--json", action="store_true", help="print one JSON result per episode")
+    grade.add_argument("--json", action="store_true",
+                       help="print one JSON line per episode: status, passed, score, reason, artifacts")
     grade.set_defaults(run=_run_grade)
 
     evaluate = commands.add_parser(
@@ -128,9 +137,13 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Run every task of SUITE.yaml in its own isolated episode (bounded parallelism), "
             "grade the finished rollouts with their promptfoo assertions, and write "
-            "results.jsonl, summary.json and report.html into --out. Ctrl-C stops launching, "
+            "results.jsonl, summary.json (with counts per result status) and report.html into "
+            "--out, and per task grading/<id>/framework-result.json (the "
+            "softprobe.framework-result/v1 envelope) and grading/<id>/promptfoo.native.json "
+            "(promptfoo's own result JSON), both linked from the report. A task whose rollout "
+            "broke is not graded: its status is subject_error and it has no score. Ctrl-C stops launching, "
             "destroys running episodes' containers and writes partial results. Exit code 0 when "
-            "all tasks pass, 1 when some fail, 2 on a usage or infrastructure error, 130 when "
+            "all tasks pass, 1 when some fail or err, 2 on a usage or infrastructure error, 130 when "
             "interrupted."
         ),
     )
@@ -210,9 +223,11 @@ def _run_gc(args: argparse.Namespace) -> int:
 
 
 def _run_grade(args: argparse.Namespace) -> int:
+    import json
+
     from softprobe.promptfoo_adapter import PromptfooAdapterError, grade_cases
 
-    from .grading import case_for, finished_episodes, format_table, load_assertions
+    from .grading import GRADER_STATUSES, case_for, finished_episodes, format_table, load_assertions
 
     # Exit 1 means "some rollouts failed", so every error here is a 2.
     try:
@@ -225,11 +240,20 @@ def _run_grade(args: argparse.Namespace) -> int:
     except (GymError, PromptfooAdapterError) as err:
         print(f"softprobe-gym: error: {err}", file=sys.stderr)
         return 2
+    try:
+        written = [result.write_artifacts(folder) for folder, result in zip(episodes, results)]
+    except OSError as err:
+        print(f"softprobe-gym: error: cannot write the grading artifacts: {err}", file=sys.stderr)
+        return 2
     if args.json:
-        for result in results:
-            print(result.model_dump_json())
+        for result, paths in zip(results, written):
+            print(json.dumps({**result.summary(), "artifacts": {k: str(v) for k, v in paths.items()}}))
     else:
         print(format_table(results))
+        print(f"each episode folder under {args.run_dir}/episodes now holds framework-result.json "
+              "(and promptfoo.native.json when a grader ran)")
+    if any(r.status in GRADER_STATUSES for r in results):
+        return 2
     return 0 if all(r.passed for r in results) else 1
 
 
@@ -284,7 +308,8 @@ def _run_eval(args: argparse.Namespace) -> int:
     )
     if outcome.interrupted:  # type: ignore[attr-defined]
         return 130
-    return 0 if summary["failed"] == 0 and summary["ran"] == summary["planned"] else 1
+    clean = summary["failed"] == 0 and summary["errored"] == 0
+    return 0 if clean and summary["ran"] == summary["planned"] else 1
 
 
 class _progress_display:

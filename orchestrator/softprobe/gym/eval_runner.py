@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -40,11 +41,17 @@ class TaskRecord(BaseModel):
 
 
 class TaskResult(BaseModel):
-    """One line of ``results.jsonl``."""
+    """One line of ``results.jsonl``.
+
+    ``status`` is the grading's result status; anything but ``succeeded`` means the task was not
+    graded (``error`` says why) and has no ``score``. ``grading`` holds the paths, relative to the
+    output folder, of ``framework_result`` and (when a grader ran) ``native_bundle``.
+    """
 
     id: str
+    status: str
     passed: bool
-    score: float
+    score: float | None
     reason: str
     error: str | None
     reward_total: float
@@ -54,6 +61,7 @@ class TaskResult(BaseModel):
     trajectory_digest: str | None
     source_trace_id: str | None
     artifacts: str | None
+    grading: dict[str, str] = {}
     assertions: list[dict[str, Any]]
 
 
@@ -106,6 +114,7 @@ async def run_suite(
     if not resume:
         for stale in records_dir.glob("*.json"):
             stale.unlink()
+        shutil.rmtree(out / "grading", ignore_errors=True)  # a previous run's grading artifacts
     pending = [t for t in tasks if t.id not in finished]
     total, done = len(tasks), len(tasks) - len(pending)
     if finished:
@@ -248,7 +257,9 @@ async def _run_one(host: Any, suite: Suite, task: Task, out: Path, reward_from: 
 async def grade_records(
     suite: Suite, out: Path, tasks: list[Task], *, backend: str, wall_s: float, interrupted: bool
 ) -> SuiteOutcome:
-    """Grade every recorded rollout in one batch; write results.jsonl, summary.json, report.html."""
+    """Grade every recorded rollout in one batch (one that broke as ``subject_error``, with no
+    score); write ``grading/<id>/`` (framework-result.json, promptfoo.native.json),
+    results.jsonl, summary.json and report.html."""
     from softprobe.promptfoo_adapter import grade_cases
 
     from .report import write_report
@@ -258,23 +269,38 @@ async def grade_records(
         path = out / "tasks" / f"{task.id}.json"
         if path.exists():
             records[task.id] = TaskRecord.model_validate_json(path.read_text())
-    gradable = [t for t in tasks if t.id in records and records[t.id].ok]
     cases = []
-    for task in gradable:
-        result = RolloutResult.model_validate(records[task.id].rollout or {})
-        cases.append({
-            "attempt_id": task.id, "final_output": result.final_output,
-            "trajectory_digest": result.trajectory_digest, "source_trace_id": result.source_trace_id,
-            "assertions": task.assertions, "threshold": task.threshold,
-            "steps": [s.model_dump() for s in trajectory_steps(result.steps)],
-        })
+    for task in tasks:
+        record = records.get(task.id)
+        if record is None:
+            continue
+        if record.ok:
+            result = RolloutResult.model_validate(record.rollout or {})
+            cases.append({
+                "attempt_id": task.id, "final_output": result.final_output,
+                "trajectory_digest": result.trajectory_digest, "source_trace_id": result.source_trace_id,
+                "assertions": task.assertions, "threshold": task.threshold,
+                "steps": [s.model_dump() for s in trajectory_steps(result.steps)],
+            })
+        else:  # the rollout broke: its outcome says so, with no score
+            error = record.error or "the rollout failed"
+            cases.append({
+                "attempt_id": task.id, "final_output": "", "assertions": task.assertions, "threshold": task.threshold,
+                "subject_failure": {"status": "cancelled" if error.startswith("CancelledError") else "subject_error",
+                                    "reason": error},
+            })
     graded = {g.attempt_id: g for g in await grade_cases(cases, backend=backend)} if cases else {}
     results = []
     for task in tasks:
         record = records.get(task.id)
         if record is None:
             continue
-        results.append(_task_result(task, record, graded.get(task.id)))
+        outcome = graded.get(task.id)
+        paths: dict[str, str] = {}
+        if outcome is not None:
+            written = outcome.write_artifacts(out / "grading" / task.id)
+            paths = {name: str(path.relative_to(out)) for name, path in written.items()}
+        results.append(_task_result(task, record, outcome, paths))
     summary = _summary(suite, results, len(tasks), wall_s, interrupted, backend)
     with open(out / "results.jsonl", "w") as f:
         for result in results:
@@ -284,7 +310,7 @@ async def grade_records(
     return SuiteOutcome(results=results, summary=summary, interrupted=interrupted)
 
 
-def _task_result(task: Task, record: TaskRecord, graded: Any) -> TaskResult:
+def _task_result(task: Task, record: TaskRecord, graded: Any, grading: dict[str, str]) -> TaskResult:
     rollout = record.rollout or {}
     steps = rollout.get("steps", [])
     rewards = [
@@ -292,24 +318,32 @@ def _task_result(task: Task, record: TaskRecord, graded: Any) -> TaskResult:
         for s in steps
     ]
     if graded is None:
-        passed, score, reason, error, assertions = False, 0.0, record.error or "not graded", record.error, []
+        status, passed, score, error = "subject_error", False, None, record.error or "not graded"
+        reason, assertions = error, []
     else:
-        passed, score, reason, error = graded.passed, graded.score, graded.reason, graded.error
+        status, passed, score, reason, error = graded.status, graded.passed, graded.score, graded.reason, graded.error
         assertions = [c.model_dump() for c in graded.component_results]
     return TaskResult(
-        id=task.id, passed=passed, score=score, reason=reason, error=error,
+        id=task.id, status=status, passed=passed, score=score, reason=reason, error=error,
         reward_total=float(rollout.get("total_reward") or 0.0), rewards=rewards, steps=len(steps),
         duration_ms=record.duration_ms, trajectory_digest=rollout.get("trajectory_digest"),
         source_trace_id=rollout.get("source_trace_id"), artifacts=rollout.get("artifacts_dir"),
-        assertions=assertions,
+        grading=grading, assertions=assertions,
     )
 
 
 def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: float, interrupted: bool, backend: str) -> dict[str, Any]:
-    scores = [r.score for r in results]
+    """Counts apart: ``passed`` + ``failed`` (graded) + ``errored`` (not graded) = ``ran``. Scores
+    are over graded tasks only: an errored task has no score and never counts as 0."""
+    from softprobe.promptfoo_adapter import RESULT_STATUSES
+
+    scores = [r.score for r in results if r.status == "succeeded" and r.score is not None]
     durations = [r.duration_ms for r in results]
     passed = sum(r.passed for r in results)
-    errored = sum(r.error is not None for r in results)
+    errored = sum(r.status != "succeeded" for r in results)
+    counts = {status: 0 for status in RESULT_STATUSES}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
     return {
         "suite": suite.name,
         "image": suite.image,
@@ -317,12 +351,14 @@ def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: floa
         "planned": planned,
         "ran": len(results),
         "passed": passed,
-        "failed": len(results) - passed,
+        "failed": len(results) - passed - errored,
         "errored": errored,
+        "status_counts": counts,
         "pass_rate": passed / len(results) if results else 0.0,
         "interrupted": interrupted,
         "backend": backend,
-        "score": {"min": min(scores), "max": max(scores), "mean": statistics.fmean(scores), "median": statistics.median(scores)} if scores else {},
+        "score": {"graded": len(scores), "min": min(scores), "max": max(scores), "mean": statistics.fmean(scores),
+                  "median": statistics.median(scores)} if scores else {},
         "duration_ms": {"mean": statistics.fmean(durations), "median": statistics.median(durations), "max": max(durations)} if durations else {},
         "wall_s": round(wall_s, 3),
     }

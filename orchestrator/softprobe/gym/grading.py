@@ -54,10 +54,12 @@ def case_for(episode_dir: Path, assertions: list[dict[str, Any]], threshold: flo
             data = json.loads(rollout.read_text())
             steps = [StepResult.model_validate(s) for s in data["steps"]]
             final_output, digest, trace = data["final_output"], data["trajectory_digest"], data["source_trace_id"]
+            broke = data.get("terminated_reason") == "error"
         else:
             lines = (episode_dir / "trajectory.jsonl").read_text().splitlines()
             steps = [StepResult.model_validate_json(line) for line in lines if line.strip()]
             final_output, digest, trace = final_output_of(episode_id, steps), trajectory_digest(steps), None
+            broke = False
     except (OSError, ValueError, KeyError, ValidationError) as err:
         raise ConfigurationError(f"cannot read the records of {episode_dir}: {err}") from None
     return {
@@ -68,16 +70,46 @@ def case_for(episode_dir: Path, assertions: list[dict[str, Any]], threshold: flo
         "assertions": assertions,
         "threshold": threshold,
         "steps": [s.model_dump() for s in trajectory_steps(steps)],
+        "subject_failure": {"status": "subject_error", "reason": (
+            f"the rollout of {episode_id} stopped on an error (rollout.json: terminated_reason 'error'); "
+            "nothing was graded")} if broke else None,
     }
 
 
+# Statuses that mean the grader could not do its job (as opposed to a rollout failing or erring).
+GRADER_STATUSES = frozenset({"unsupported", "runner_error", "timed_out", "resource_exhausted", "cancelled"})
+
+
+def status_counts(outcomes: list[Any]) -> dict[str, int]:
+    """How many outcomes ended in each result status (every status listed, zeros included)."""
+    from softprobe.promptfoo_adapter import RESULT_STATUSES
+
+    counts = {status: 0 for status in RESULT_STATUSES}
+    for outcome in outcomes:
+        counts[outcome.status] += 1
+    return counts
+
+
+def verdict(outcome: Any) -> str:
+    """``pass``, ``FAIL`` (graded), or ``ERROR`` (not graded: see its status)."""
+    if outcome.status != "succeeded":
+        return "ERROR"
+    return "pass" if outcome.passed else "FAIL"
+
+
 def format_table(results: list[Any]) -> str:
+    """The ``grade`` table: one line per outcome, then the counts (errored ones apart, no score)."""
     width = max([len("episode")] + [len(r.attempt_id) for r in results])
     lines = [f"{'episode':{width}}  result  score   backend  reason", "-" * (width + 48)]
     for r in results:
-        verdict = "ERROR" if r.error else ("pass" if r.passed else "FAIL")
-        reason = (r.error or r.reason).replace("\n", " ")
-        lines.append(f"{r.attempt_id:{width}}  {verdict:6}  {r.score:6.3f}  {r.backend:7}  {reason[:90]}")
+        reason = (r.reason if r.status == "succeeded" else f"{r.status}: {r.error}").replace("\n", " ")
+        score = f"{r.score:6.3f}" if r.score is not None else f"{'-':>6}"
+        lines.append(f"{r.attempt_id:{width}}  {verdict(r):6}  {score}  {r.backend:7}  {reason[:90]}")
     passed = sum(r.passed for r in results)
-    lines.append(f"{passed} passed, {len(results) - passed} failed")
+    errored = sum(r.status != "succeeded" for r in results)
+    summary = f"{passed} passed, {len(results) - passed - errored} failed, {errored} errored"
+    counts = {k: v for k, v in status_counts(results).items() if v and k != "succeeded"}
+    if counts:
+        summary += " (" + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ")"
+    lines.append(summary)
     return "\n".join(lines)

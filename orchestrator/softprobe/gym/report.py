@@ -11,6 +11,7 @@ import hashlib
 import html
 import json
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any
 
 _CSS = """
@@ -61,9 +62,40 @@ def _clip(text: str, limit: int = 6000) -> str:
 
 
 def _verdict(result: Any) -> tuple[str, str]:
-    if result.error:
+    if getattr(result, "status", "succeeded") != "succeeded" or result.error:
         return "ERROR", "error"
     return ("pass", "pass") if result.passed else ("FAIL", "fail")
+
+
+def _why(result: Any) -> str:
+    status = getattr(result, "status", "succeeded")
+    if status != "succeeded":
+        return f"{status}: {result.error or result.reason}"
+    return str(result.error or result.reason)
+
+
+_ARTIFACT_LABELS = {"framework_result": "framework result (softprobe.framework-result/v1)",
+                    "native_bundle": "promptfoo native result (JSON)"}
+
+
+def _grading_links(result: Any) -> str:
+    """Links to the task's grading artifacts (paths relative to the report's folder)."""
+    paths = getattr(result, "grading", None) or {}
+    if not paths:
+        return ""
+    links = " · ".join(
+        f'<a href="{_e(quote(path))}">{_e(_ARTIFACT_LABELS.get(name, name))}</a>' for name, path in sorted(paths.items())
+    )
+    return f'<p class="grading">grading: {links}</p>'
+
+
+def _status_line(summary: dict[str, Any]) -> str:
+    """The result statuses of the tasks not graded (errored tasks have no score)."""
+    counts = {k: v for k, v in (summary.get("status_counts") or {}).items() if v and k != "succeeded"}
+    if not counts:
+        return ""
+    shown = ", ".join(f"{_e(k)}: {v}" for k, v in counts.items())
+    return f'<p class="muted" id="statuses">not graded (no score): {shown}</p>'
 
 
 def reward_chart(rewards: list[dict[str, Any]], width: int = 520, height: int = 140) -> str:
@@ -140,11 +172,12 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
             "<tr>"
             f'<td data-value="{_e(result.id)}"><a href="#{anchor}">{_e(result.id)}</a></td>'
             f'<td data-value="{verdict}" class="{css}">{verdict}</td>'
-            f'<td data-value="{result.score}">{result.score:.3f}</td>'
-            f'<td data-value="{result.reward_total}">{result.reward_total:g}</td>'
+            + (f'<td data-value="{result.score}">{result.score:.3f}</td>' if result.score is not None
+               else '<td data-value="-1" class="muted">-</td>')
+            + f'<td data-value="{result.reward_total}">{result.reward_total:g}</td>'
             f'<td data-value="{result.steps}">{result.steps}</td>'
             f'<td data-value="{result.duration_ms}">{result.duration_ms / 1000:.2f} s</td>'
-            f'<td data-value="{_e(result.error or result.reason)}">{_e(result.error or result.reason)}</td>'
+            f'<td data-value="{_e(_why(result))}">{_e(_why(result))}</td>'
             "</tr>"
         )
         record = records.get(result.id)
@@ -157,14 +190,14 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
         ) or '<tr><td colspan="4" class="muted">no assertions graded</td></tr>'
         details.append(
             f'<details id="{anchor}"{" open" if not result.passed else ""}><summary>{_e(result.id)} — '
-            f'<span class="{css}">{verdict}</span> <span class="muted">{_e(result.error or result.reason)}</span></summary>'
+            f'<span class="{css}">{verdict}</span> <span class="muted">{_e(_why(result))}</span></summary>'
             f"<h3>Reward components</h3>{reward_chart(result.rewards)}"
             f"<h3>Assertions</h3><table><thead><tr><th>type</th><th>result</th><th>score</th><th>reason</th></tr></thead>"
             f"<tbody>{assertion_rows}</tbody></table>"
             f"<h3>Final output</h3><pre>{_e(_clip(final_output))}</pre>"
             f"<h3>Trajectory</h3>{_trajectory(record)}"
             f'<p class="muted">trajectory digest {_e(result.trajectory_digest or "-")} · trace {_e(result.source_trace_id or "-")}'
-            f" · artifacts {_e(result.artifacts or '-')}</p></details>"
+            f" · artifacts {_e(result.artifacts or '-')}</p>{_grading_links(result)}</details>"
         )
     columns = [("task", "text"), ("result", "text"), ("score", "number"), ("reward", "number"),
                ("steps", "number"), ("duration", "number"), ("reason", "text")]
@@ -177,6 +210,7 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
         f"{_e(summary['backend'])} · {_e(summary['finished_at'])}"
         + (" · <b>interrupted</b>" if summary.get("interrupted") else "") + "</div>"
         + '<div class="cards">' + "".join(f'<div class="card"><b>{_e(str(v))}</b><span class="muted">{k}</span></div>' for k, v in cards) + "</div>"
+        + _status_line(summary)
         + f'<table id="tasks"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
         + "<h2>Tasks</h2>" + "".join(details)
         + f"<script>{_JS}</script></body></html>"

@@ -13,20 +13,25 @@ attempts.
 from __future__ import annotations
 
 import asyncio
+import errno
+import functools
 import json
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from .errors import PromptfooCliError
-from .models import Assertion, ComponentResult, EvalCase, EvalResult
+from .models import Assertion, EvalCase
 
 DEFAULT_TIMEOUT_S = 300.0
+# Errors that mean the machine ran out of something, not that promptfoo is broken.
+EXHAUSTED_ERRNOS = frozenset({errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EDQUOT})
 _TEMPLATE_MARKERS = ("{{", "{%", "{#")
 
 
@@ -74,6 +79,42 @@ def _assertion_config(assertion: Assertion, base: Path) -> dict[str, Any]:
     return data
 
 
+def _offline_env(home: Path) -> dict[str, str]:
+    proxy = f"http://127.0.0.1:{_closed_port()}"
+    return {
+        **os.environ,
+        "PROMPTFOO_CONFIG_DIR": str(home),
+        "PROMPTFOO_DISABLE_TELEMETRY": "1",
+        "PROMPTFOO_DISABLE_UPDATE": "1",
+        "PROMPTFOO_DISABLE_SHARING": "1",
+        "PROMPTFOO_PYTHON": os.environ.get("PROMPTFOO_PYTHON", sys.executable),
+        "HTTPS_PROXY": proxy,
+        "HTTP_PROXY": proxy,
+        "https_proxy": proxy,
+        "http_proxy": proxy,
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }
+
+
+def cli_version() -> str | None:
+    """``promptfoo --version`` of the installed CLI (asked once per command), or None if absent."""
+    command = find_cli()
+    return _version(tuple(command)) if command else None
+
+
+@functools.lru_cache(maxsize=8)
+def _version(command: tuple[str, ...]) -> str | None:
+    with tempfile.TemporaryDirectory(prefix="softprobe-promptfoo-") as tmp:
+        try:
+            done = subprocess.run([*command, "--version"], cwd=tmp, env=_offline_env(Path(tmp) / "home"),
+                                  capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    lines = done.stdout.strip().splitlines()
+    return lines[-1].strip() if done.returncode == 0 and lines else None
+
+
 def build_config(cases: list[EvalCase], *, base: Path) -> dict[str, Any]:
     tests = []
     for case in cases:
@@ -111,11 +152,15 @@ def _closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[EvalResult]:
-    """Grade ``cases`` in one ``promptfoo eval`` run.
+async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+    """Grade ``cases`` in one ``promptfoo eval`` run; returns what promptfoo wrote (``-o out.json``).
+
+    Test ``i`` of the run is ``cases[i]``; :func:`rows_by_case` finds each one's row.
 
     Raises:
-        PromptfooCliError: the CLI is missing, timed out, or failed (the message has its stderr).
+        PromptfooCliError: the CLI is missing (``status`` ``runner_error``), did not finish within
+            ``timeout_s`` (``timed_out``), could not start for want of resources
+            (``resource_exhausted``), or failed (``runner_error``; the message has its stderr).
     """
     command = find_cli()
     if command is None:
@@ -124,26 +169,16 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
             "set SOFTPROBE_PROMPTFOO to its path; or grade with backend='native'"
         )
     if not cases:
-        return []
+        return {}
     with tempfile.TemporaryDirectory(prefix="softprobe-promptfoo-") as tmp:
         work = Path(tmp)
         config_path, output_path = work / "promptfooconfig.json", work / "results.json"
-        config_path.write_text(json.dumps(build_config(cases, base=Path.cwd()), ensure_ascii=False))
-        proxy = f"http://127.0.0.1:{_closed_port()}"
-        env = {
-            **os.environ,
-            "PROMPTFOO_CONFIG_DIR": str(work / "promptfoo-home"),
-            "PROMPTFOO_DISABLE_TELEMETRY": "1",
-            "PROMPTFOO_DISABLE_UPDATE": "1",
-            "PROMPTFOO_DISABLE_SHARING": "1",
-            "PROMPTFOO_PYTHON": os.environ.get("PROMPTFOO_PYTHON", sys.executable),
-            "HTTPS_PROXY": proxy,
-            "HTTP_PROXY": proxy,
-            "https_proxy": proxy,
-            "http_proxy": proxy,
-            "NO_PROXY": "",
-            "no_proxy": "",
-        }
+        try:
+            config_path.write_text(json.dumps(build_config(cases, base=Path.cwd()), ensure_ascii=False))
+        except OSError as err:
+            raise PromptfooCliError(f"cannot write the promptfoo config: {err.strerror}",
+                                    status="resource_exhausted" if err.errno in EXHAUSTED_ERRNOS else "runner_error") from None
+        env = _offline_env(work / "promptfoo-home")
         args = [*command, "eval", "-c", str(config_path), "-o", str(output_path),
                 "--no-cache", "--no-progress-bar", "--no-table", "--no-share"]
         try:
@@ -152,7 +187,12 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
             )
         except OSError as err:
-            raise PromptfooCliError(f"cannot run {command[0]}: {err.strerror}") from None
+            exhausted = err.errno in EXHAUSTED_ERRNOS
+            raise PromptfooCliError(
+                f"cannot run {command[0]}: {err.strerror}"
+                + ("; free some memory, processes or disk and grade again" if exhausted else ""),
+                status="resource_exhausted" if exhausted else "runner_error",
+            ) from None
         # Read both streams in their own tasks, so that what was said survives a timeout.
         readers = asyncio.gather(process.stdout.read(), process.stderr.read())  # type: ignore[union-attr]
         try:
@@ -162,8 +202,12 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
             await process.wait()
             _, stderr = await asyncio.wait_for(readers, 10)
             raise PromptfooCliError(
-                f"promptfoo eval did not finish within {timeout_s:g}s", stderr.decode("utf-8", "replace")
+                f"promptfoo eval did not finish within {timeout_s:g}s; grade fewer rollouts at once or "
+                "raise the timeout", stderr.decode("utf-8", "replace"), status="timed_out",
             ) from None
+        except BaseException:  # cancelled: leave no promptfoo behind
+            _kill_group(process.pid)
+            raise
         stdout, stderr = await readers
         said = (stderr + stdout).decode("utf-8", "replace")
         if process.returncode not in (0, 100) or not output_path.exists():
@@ -172,41 +216,35 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
             report = json.loads(output_path.read_text())
         except ValueError:
             raise PromptfooCliError("promptfoo wrote results that are not JSON", said) from None
-    return parse_results(report, cases)
+    if not isinstance(report, dict):
+        raise PromptfooCliError("promptfoo wrote results that are not a JSON object")
+    return report
 
 
-def parse_results(report: dict[str, Any], cases: list[EvalCase]) -> list[EvalResult]:
-    """Map promptfoo's ``-o out.json`` onto one EvalResult per case (matched by ``testIdx``)."""
-    rows = report.get("results", {}).get("results", [])
-    by_index = {row.get("testIdx"): row for row in rows}
-    results = []
+def rows_by_case(report: dict[str, Any], cases: list[EvalCase]) -> list[dict[str, Any]]:
+    """Each case's row of promptfoo's output (matched by ``testIdx``; the order is not guaranteed).
+
+    Raises:
+        PromptfooCliError: a case has no row.
+    """
+    rows = (report.get("results") or {}).get("results") or []
+    by_index = {row.get("testIdx"): row for row in rows if isinstance(row, dict)}
+    out = []
     for index, case in enumerate(cases):
         row = by_index.get(index)
-        common = {"attempt_id": case.attempt_id, "trajectory_digest": case.trajectory_digest,
-                  "source_trace_id": case.source_trace_id, "backend": "cli"}
         if row is None:
             raise PromptfooCliError(f"promptfoo returned no result for test {index} ({case.attempt_id})")
-        if row.get("failureReason") == 2:
-            message = str(row.get("error") or "error").splitlines()[0]
-            results.append(EvalResult(passed=False, score=0.0, reason=message, error=message, **common))
-            continue
-        grading = row.get("gradingResult") or {}
-        results.append(
-            EvalResult(
-                passed=bool(row.get("success")),
-                score=float(row.get("score", grading.get("score", 0.0)) or 0.0),
-                reason=str(grading.get("reason") or row.get("error") or ""),
-                named_scores={k: float(v) for k, v in (row.get("namedScores") or {}).items()},
-                component_results=[
-                    ComponentResult(
-                        passed=bool(c.get("pass")),
-                        score=float(c.get("score") or 0.0),
-                        reason=str(c.get("reason") or ""),
-                        assertion=c.get("assertion"),
-                    )
-                    for c in grading.get("componentResults") or []
-                ],
-                **common,
-            )
-        )
-    return results
+        out.append(row)
+    return out
+
+
+def row_error_status(message: str) -> str:
+    """The result status a promptfoo ERROR row means: a type promptfoo does not know is
+    ``unsupported``, a grader it could not reach (no API key, no network) a ``runner_error``,
+    anything else a malformed assertion (``invalid_input``)."""
+    lowered = message.lower()
+    if "unknown assertion type" in lowered:
+        return "unsupported"
+    if any(sign in lowered for sign in ("api key", "apikey", "econnrefused", "fetch failed", "enotfound", "proxy")):
+        return "runner_error"
+    return "invalid_input"

@@ -1,14 +1,108 @@
-"""``execute_promptfoo_eval`` and batch grading: pick a backend per rollout, grade, report."""
+"""``execute_promptfoo_eval``, batch grading and ``describe_runner``.
+
+Every rollout ends in an :class:`~.models.EvalOutcome` with a result status; a rollout that cannot
+be graded (a type no backend grades, a broken CLI, a rollout whose episode broke) gets a status and
+no score instead of aborting the batch. The only exception raised before grading is for what the
+caller asked that cannot be done at all (an unsupported mapping).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import datetime, timezone
+from importlib import metadata
 from typing import Any, Iterable
 
-from .cli_backend import find_cli, run_cli
-from .errors import UnsupportedAssertionError
-from .models import Assertion, Backend, EvalCase, EvalResult, TrajectoryStep
-from .native import MEASURED_TYPES, TRAJECTORY_TYPES, base_type, grade_native, native_problem
+from .bundle import native_bundle, native_row, slice_bundle
+from .cli_backend import (
+    DEFAULT_TIMEOUT_S,
+    EXHAUSTED_ERRNOS,
+    cli_version,
+    find_cli,
+    row_error_status,
+    rows_by_case,
+    run_cli,
+)
+from .errors import PromptfooCliError, UnsupportedAssertionError, UnsupportedMappingError
+from .framework_result import MAPPINGS
+from .models import Assertion, Backend, EvalCase, EvalOutcome, RunnerDescription, SubjectFailure, TrajectoryStep
+from .native import HANDLERS, MEASURED_TYPES, TRAJECTORY_TYPES, base_type, grade_native, native_problem
+from .outcome import build_outcome, path_of_type
+
+_MAPPING_SUPPORT: dict[str, dict[str, str]] = {
+    "native": {"final_output_assertions": "supported", "trajectory_step_assertions": "supported",
+               "historic_otlp_as_eval": "unsupported"},
+    # promptfoo reads trajectories from trace spans it recorded itself, not from a finished rollout
+    "cli": {"final_output_assertions": "supported", "trajectory_step_assertions": "unsupported",
+            "historic_otlp_as_eval": "unsupported"},
+    "auto": {"final_output_assertions": "supported", "trajectory_step_assertions": "supported",
+             "historic_otlp_as_eval": "unsupported"},
+}
+_WHY_UNSUPPORTED = {
+    "historic_otlp_as_eval": "historic traces alone are never an evaluation: run the rollout (or a replay of "
+                             "it) and grade what it produced",
+    "trajectory_step_assertions": "the CLI backend reads trajectories only from trace spans promptfoo "
+                                  "recorded; use backend='native' or 'auto'",
+}
+
+
+def native_version() -> str:
+    """The native evaluator's version string."""
+    try:
+        package = metadata.version("softprobe-gym")
+    except metadata.PackageNotFoundError:
+        package = "unknown"
+    return f"softprobe-native {package} (promptfoo 0.121 semantics)"
+
+
+def describe_runner(backend: Backend = "auto") -> RunnerDescription:
+    """Which mappings ``backend`` supports, whether it can run here, and its version.
+
+    ``final_output_assertions`` are supported everywhere, ``trajectory_step_assertions`` by the
+    native backend (and so by ``auto``), ``historic_otlp_as_eval`` nowhere. Asking for the CLI's
+    version runs ``promptfoo --version`` once per process (a second or two).
+
+    Raises:
+        ValueError: ``backend`` is not ``native``, ``cli`` or ``auto``.
+    """
+    if backend not in _MAPPING_SUPPORT:
+        raise ValueError(f"backend must be 'native', 'cli' or 'auto', not {backend!r}")
+    versions: dict[str, str | None] = {"native": native_version(), "cli": cli_version() if backend != "native" else None}
+    if backend == "native":
+        version, available = versions["native"], True
+    elif backend == "cli":
+        version, available = versions["cli"], versions["cli"] is not None
+    else:
+        version, available = versions["cli"] or versions["native"], True
+    types = sorted(HANDLERS)
+    return RunnerDescription(
+        backend=backend, available=available, version=version,
+        backend_versions={k: v for k, v in versions.items() if backend == "auto" or k == backend},
+        trajectory_assertion_mapping=dict(_MAPPING_SUPPORT[backend]),  # type: ignore[arg-type]
+        native_assertion_types=types,
+    )
+
+
+def check_mappings(requested: Iterable[str] | None, backend: Backend) -> list[str]:
+    """The requested mappings, if ``backend`` supports them all.
+
+    Raises:
+        UnsupportedMappingError: one is unknown or unsupported (the first is named).
+    """
+    wanted = list(requested or [])
+    support = _MAPPING_SUPPORT.get(backend, _MAPPING_SUPPORT["auto"])
+    for mapping in wanted:
+        if mapping not in MAPPINGS:
+            raise UnsupportedMappingError(
+                f"unknown mapping {mapping!r}; the mappings are {', '.join(MAPPINGS)}", mapping, backend
+            )
+        if support[mapping] != "supported":
+            raise UnsupportedMappingError(
+                f"the {backend} backend does not support the mapping {mapping!r}: {_WHY_UNSUPPORTED[mapping]}. "
+                "Nothing was graded.", mapping, backend,
+            )
+    return wanted
 
 
 def _types(assertions: Iterable[Assertion]) -> set[str]:
@@ -41,7 +135,13 @@ def choose_backend(case: EvalCase, backend: Backend) -> str:
         UnsupportedAssertionError: no backend asked for (or available) can grade every type.
     """
     if backend == "native":
-        return "native"  # grade_native names the unsupported type itself
+        native = _native_problem(case)
+        if native is not None:
+            raise UnsupportedAssertionError(
+                f"the native backend cannot grade {native!r}; use backend='cli' (or 'auto' with "
+                "the promptfoo CLI installed)", native,
+            )
+        return "native"
     cli_problem = _cli_problem(case)
     if backend == "cli":
         if cli_problem:
@@ -64,30 +164,96 @@ def choose_backend(case: EvalCase, backend: Backend) -> str:
     raise UnsupportedAssertionError(f"cannot grade {native!r}: the native backend lacks it and {why}", native)
 
 
-async def grade_cases(cases: Iterable[EvalCase | dict[str, Any]], *, backend: Backend = "auto") -> list[EvalResult]:
-    """Grade many rollouts. All that go to the CLI go through one ``promptfoo eval`` run.
+def _grade_one_natively(case: EvalCase, version: str, mappings: list[str]) -> EvalOutcome:
+    started, clock = datetime.now(timezone.utc), time.perf_counter()
+    try:
+        graded = grade_native(case)
+    except MemoryError:
+        return build_outcome(case, backend="native", version=version, bundle=None, row=None,
+                             status="resource_exhausted", status_reason="out of memory while grading",
+                             requested_mappings=mappings)
+    except OSError as err:  # a python assertion's interpreter could not start
+        status = "resource_exhausted" if err.errno in EXHAUSTED_ERRNOS else "runner_error"
+        return build_outcome(case, backend="native", version=version, bundle=None, row=None, status=status,
+                             status_reason=f"grading failed: {err}", requested_mappings=mappings)
+    duration = round((time.perf_counter() - clock) * 1000)
+    row = native_row(case, graded.grade, graded.error, latency_ms=0)
+    bundle = native_bundle(case, row, started=started, duration_ms=duration, evaluator_version=version)
+    return build_outcome(case, backend="native", version=version, bundle=bundle, row=row, status=graded.status,
+                         status_reason=graded.error, errored_path=graded.errored_path, requested_mappings=mappings)
+
+
+async def grade_cases(
+    cases: Iterable[EvalCase | dict[str, Any]],
+    *,
+    backend: Backend = "auto",
+    requested_mappings: Iterable[str] | None = None,
+    cli_timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[EvalOutcome]:
+    """Grade many rollouts, one outcome each, in order. All that go to the CLI go through one
+    ``promptfoo eval`` run (each outcome's native bundle is that run's output cut down to its test).
+
+    A rollout that cannot be graded gets a status instead of raising: ``unsupported`` (a type no
+    available backend grades), ``runner_error`` / ``timed_out`` / ``resource_exhausted`` (the CLI
+    failed: every rollout it was grading), ``subject_error`` / ``cancelled`` (the case's
+    ``subject_failure``: nothing is graded).
 
     Raises:
-        UnsupportedAssertionError: before anything is graded, if some case cannot be graded.
-        PromptfooCliError: the CLI failed.
+        UnsupportedMappingError: a requested mapping is unknown or unsupported by ``backend``;
+            raised before anything runs.
+        pydantic.ValidationError: a case is malformed (an assertion without a ``type``...).
     """
     parsed = [c if isinstance(c, EvalCase) else EvalCase.model_validate(c) for c in cases]
-    plan = [choose_backend(case, backend) for case in parsed]
-    results: list[EvalResult | None] = [None] * len(parsed)
-    cli_indices = [i for i, chosen in enumerate(plan) if chosen == "cli"]
-    native_indices = [i for i, chosen in enumerate(plan) if chosen == "native"]
+    mappings = check_mappings(requested_mappings, backend)
+    native = native_version()
+    outcomes: list[EvalOutcome | None] = [None] * len(parsed)
+    native_indices: list[int] = []
+    cli_indices: list[int] = []
+    for i, case in enumerate(parsed):
+        if case.subject_failure is not None:
+            outcomes[i] = build_outcome(case, backend="native" if backend != "cli" else "cli", version=None,
+                                        bundle=None, row=None, status=case.subject_failure.status,
+                                        status_reason=case.subject_failure.reason, requested_mappings=mappings)
+            continue
+        try:
+            chosen = choose_backend(case, backend)
+        except UnsupportedAssertionError as err:
+            outcomes[i] = build_outcome(case, backend="cli" if backend == "cli" else "native", version=None,
+                                        bundle=None, row=None, status="unsupported", status_reason=str(err),
+                                        errored_path=path_of_type(case, err.assertion_type), requested_mappings=mappings)
+            continue
+        (cli_indices if chosen == "cli" else native_indices).append(i)
 
     async def native_all() -> None:
         for i in native_indices:  # off the event loop: python assertions start processes
-            results[i] = await asyncio.to_thread(grade_native, parsed[i])
+            outcomes[i] = await asyncio.to_thread(_grade_one_natively, parsed[i], native, mappings)
 
     async def cli_all() -> None:
-        if cli_indices:
-            for i, result in zip(cli_indices, await run_cli([parsed[i] for i in cli_indices])):
-                results[i] = result
+        if not cli_indices:
+            return
+        batch = [parsed[i] for i in cli_indices]
+        try:
+            report = await run_cli(batch, timeout_s=cli_timeout_s)
+            rows = rows_by_case(report, batch)
+        except PromptfooCliError as err:
+            for i in cli_indices:
+                outcomes[i] = build_outcome(parsed[i], backend="cli", version=None, bundle=None, row=None,
+                                            status=err.status, status_reason=str(err), requested_mappings=mappings)
+            return
+        version = (report.get("metadata") or {}).get("promptfooVersion")
+        for k, (i, row) in enumerate(zip(cli_indices, rows)):
+            bundle = report if len(batch) == 1 else slice_bundle(report, k, row)
+            if row.get("failureReason") == 2:
+                message = str(row.get("error") or "error").splitlines()[0]
+                outcomes[i] = build_outcome(parsed[i], backend="cli", version=version, bundle=bundle, row=row,
+                                            status=row_error_status(message), status_reason=message,
+                                            requested_mappings=mappings)
+            else:
+                outcomes[i] = build_outcome(parsed[i], backend="cli", version=version, bundle=bundle, row=row,
+                                            status="succeeded", requested_mappings=mappings)
 
     await asyncio.gather(native_all(), cli_all())
-    return [r for r in results if r is not None]
+    return [o for o in outcomes if o is not None]
 
 
 async def execute_promptfoo_eval(
@@ -102,12 +268,16 @@ async def execute_promptfoo_eval(
     latency_ms: float | None = None,
     cost: float | None = None,
     backend: Backend = "auto",
-) -> EvalResult:
+    requested_mappings: list[str] | None = None,
+    cli_timeout_s: float = DEFAULT_TIMEOUT_S,
+    subject_failure: SubjectFailure | dict[str, Any] | None = None,
+) -> EvalOutcome:
     """Grade one finished rollout with Promptfoo assertions.
 
     Args:
-        attempt_id / trajectory_digest / source_trace_id: carried into the result (and, with the
-            CLI, into the test's metadata).
+        attempt_id / trajectory_digest / source_trace_id: carried into the outcome, the envelope
+            and (with the CLI) the test's metadata. The envelope's ``attempt_id`` is ``fatt_...``:
+            this one if it has that form, else derived from it.
         final_output: the rollout's final answer (``rollout_to_promptfoo_input(result).final_output``).
         assertions: promptfoo assertions as dicts (``{"type": "contains", "value": "A-42"}``) or
             :class:`Assertion` models; ``not-`` prefixes, ``weight``, ``metric`` and
@@ -117,14 +287,23 @@ async def execute_promptfoo_eval(
         latency_ms / cost: for ``latency`` and ``cost`` assertions.
         backend: ``"native"``, ``"cli"`` or ``"auto"`` (native when it knows every type, else
             the CLI if installed).
+        requested_mappings: mappings the grading must support (``final_output_assertions``,
+            ``trajectory_step_assertions``); see :func:`describe_runner`.
+        cli_timeout_s: how long the promptfoo CLI may take (status ``timed_out`` after that).
+        subject_failure: the rollout broke (``{"reason": ..., "status": "subject_error"}``, or
+            ``cancelled``...): nothing is graded and the outcome carries that status.
 
     Returns:
-        EvalResult; a malformed assertion makes the test an ERROR (``error`` set), not an
-        exception, exactly as promptfoo reports it.
+        EvalOutcome: ``native_bundle`` (promptfoo's JSON), ``framework_result`` (the
+        ``softprobe.framework-result/v1`` envelope), and ``passed`` / ``score`` / ``reason`` /
+        ``named_scores`` / ``component_results`` / ``error`` / ``status`` read from them. A rollout
+        that cannot be graded is not an exception: its ``status`` says why (``invalid_input``,
+        ``missing_evidence``, ``unsupported``, ``runner_error``, ``timed_out``...), ``score`` is
+        None and ``error`` the reason.
 
     Raises:
-        UnsupportedAssertionError: the backend cannot grade a type (the message names it).
-        PromptfooCliError: the CLI was needed and is missing, timed out or failed.
+        UnsupportedMappingError: a requested mapping is not supported; nothing ran.
+        pydantic.ValidationError: an assertion has no ``type`` (or another malformed argument).
     """
     case = EvalCase(
         attempt_id=attempt_id,
@@ -136,6 +315,8 @@ async def execute_promptfoo_eval(
         steps=steps,
         latency_ms=latency_ms,
         cost=cost,
+        subject_failure=subject_failure,
     )
-    (result,) = await grade_cases([case], backend=backend)
-    return result
+    (outcome,) = await grade_cases([case], backend=backend, requested_mappings=requested_mappings,
+                                   cli_timeout_s=cli_timeout_s)
+    return outcome

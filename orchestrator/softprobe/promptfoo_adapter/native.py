@@ -28,12 +28,20 @@ from .jsvalues import (
     json_stringify,
     split_comma_values,
 )
-from .models import Assertion, ComponentResult, EvalCase, EvalResult, TrajectoryStep
+from .models import Assertion, EvalCase, TrajectoryStep
 from .textmetrics import bleu, levenshtein, rouge_n
 
 
 class InvalidAssertion(Exception):
-    """promptfoo would throw here: the test is graded as an ERROR."""
+    """promptfoo would throw here: the test is graded as an ERROR (status ``invalid_input``)."""
+
+    status = "invalid_input"
+
+
+class MissingEvidence(InvalidAssertion):
+    """The assertion needs data the rollout does not carry (status ``missing_evidence``)."""
+
+    status = "missing_evidence"
 
 
 @dataclass
@@ -306,7 +314,7 @@ def _measured(p: _Params, value: float | None, what: str, field: str, shown: str
     if p.assertion.threshold is None:
         raise InvalidAssertion(f"{what} assertion must have a threshold")
     if value is None:
-        raise InvalidAssertion(f"{what} assertion needs the rollout's {field}")
+        raise MissingEvidence(f"{what} assertion needs the rollout's {field}")
     passed = (value <= p.assertion.threshold) != p.inverse
     comparison = "less than or equal to" if p.inverse else "greater than"
     return _result(p, passed, f"{what} {shown}{unit} is {comparison} threshold {js_number(p.assertion.threshold)}{unit}")
@@ -407,7 +415,7 @@ def _camel(key: str) -> str:
 def _steps(p: _Params) -> list[tuple[str, str, dict[str, Any]]]:
     """(type, name, args) per rollout step: tool calls are "tool", the terminate is "message"."""
     if p.case.steps is None:
-        raise InvalidAssertion(f"No trace data available for {p.base_type} assertion (pass steps=)")
+        raise MissingEvidence(f"No trace data available for {p.base_type} assertion (pass steps=)")
     out = []
     for step in p.case.steps:
         step = step if isinstance(step, TrajectoryStep) else TrajectoryStep.model_validate(step)
@@ -663,7 +671,7 @@ def _to_fixed2(x: float) -> str:
     return str(Decimal(repr(x)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
 
 
-def _run_one(assertion: Assertion, case: EvalCase, output: str) -> Grade:
+def _run_one(assertion: Assertion, case: EvalCase, output: str, path: str) -> Grade:
     kind = base_type(assertion.type)
     params = _Params(
         assertion=assertion,
@@ -674,18 +682,37 @@ def _run_one(assertion: Assertion, case: EvalCase, output: str) -> Grade:
         value_given="value" in assertion.model_fields_set,
         case=case,
     )
-    grade = HANDLERS[kind](params)
+    try:
+        grade = HANDLERS[kind](params)
+    except InvalidAssertion as err:
+        err.path = path  # type: ignore[attr-defined]
+        raise
     grade["assertion"] = assertion.to_config()
     if assertion.weight == 0:
         grade["pass"] = True
     return grade
 
 
-def grade_native(case: EvalCase) -> EvalResult:
-    """Grade one case natively.
+@dataclass
+class NativeGrade:
+    """What the native evaluator made of one rollout.
+
+    ``grade`` is promptfoo's GradingResult shape (``pass``, ``score``, ``reason``, ``namedScores``,
+    ``componentResults``); for an ERROR it is None and ``error`` says why, ``status`` says what kind
+    (``invalid_input`` or ``missing_evidence``) and ``errored_path`` which assertion (if known).
+    """
+
+    grade: dict[str, Any] | None
+    error: str | None = None
+    status: str = "succeeded"
+    errored_path: str | None = None
+
+
+def check_native(case: EvalCase) -> None:
+    """Raise if the native backend lacks a type (or form) of ``case``'s assertions.
 
     Raises:
-        UnsupportedAssertionError: an assertion type (or form) the native backend lacks.
+        UnsupportedAssertionError: it names the type.
     """
     for assertion in case.assertions:
         problem = native_problem(assertion)
@@ -695,11 +722,18 @@ def grade_native(case: EvalCase) -> EvalResult:
                 "the promptfoo CLI installed)",
                 problem,
             )
+
+
+def grade_native(case: EvalCase) -> NativeGrade:
+    """Grade one case natively.
+
+    Raises:
+        UnsupportedAssertionError: an assertion type (or form) the native backend lacks.
+    """
+    check_native(case)
     output = coerce_output(case.final_output)
-    common = {"attempt_id": case.attempt_id, "trajectory_digest": case.trajectory_digest,
-              "source_trace_id": case.source_trace_id, "backend": "native"}
     if not case.assertions:
-        return EvalResult(passed=True, score=1.0, reason="No assertions", **common)
+        return NativeGrade({"pass": True, "score": 1.0, "reason": "No assertions", "namedScores": {}, "componentResults": []})
     try:
         main = _Aggregate(case.threshold)
         sets: list[tuple[int, Assertion, _Aggregate]] = []
@@ -707,30 +741,25 @@ def grade_native(case: EvalCase) -> EvalResult:
             if assertion.type == "assert-set":
                 children = assertion.assert_
                 if not isinstance(children, list):
-                    raise InvalidAssertion("assert-set must have an assert list")
+                    raise _at(InvalidAssertion("assert-set must have an assert list"), f"assert[{index}]")
                 inner = _Aggregate(assertion.threshold)
                 for j, child in enumerate(children):
                     if child.type == "assert-set":
-                        raise InvalidAssertion("assert-set cannot contain another assert-set")
-                    inner.add(j, _run_one(child, case, output), child.metric, child.weight)
+                        raise _at(InvalidAssertion("assert-set cannot contain another assert-set"), f"assert[{index}].assert[{j}]")
+                    inner.add(j, _run_one(child, case, output, f"assert[{index}].assert[{j}]"), child.metric, child.weight)
                 sets.append((index, assertion, inner))
             else:
-                main.add(index, _run_one(assertion, case, output), assertion.metric, assertion.weight)
+                main.add(index, _run_one(assertion, case, output, f"assert[{index}]"), assertion.metric, assertion.weight)
         for index, assertion, inner in sets:
             set_result = inner.result()
             set_result["assertion"] = assertion.to_config()
             main.add(index, set_result, assertion.metric, assertion.weight)
         final = main.result()
     except InvalidAssertion as err:
-        return EvalResult(passed=False, score=0.0, reason=str(err), error=str(err), **common)
-    return EvalResult(
-        passed=final["pass"],
-        score=final["score"],
-        reason=final["reason"],
-        named_scores=final["namedScores"],
-        component_results=[
-            ComponentResult(passed=c["pass"], score=c["score"], reason=c["reason"], assertion=c.get("assertion"))
-            for c in final["componentResults"]
-        ],
-        **common,
-    )
+        return NativeGrade(None, error=str(err), status=err.status, errored_path=getattr(err, "path", None))
+    return NativeGrade(final)
+
+
+def _at(err: InvalidAssertion, path: str) -> InvalidAssertion:
+    err.path = path  # type: ignore[attr-defined]
+    return err
