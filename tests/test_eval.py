@@ -162,3 +162,22 @@ def test_the_report_in_a_real_headless_browser(example_run, tmp_path):
     subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1200,1500",
                     f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True)
     assert shot.stat().st_size > 20_000
+
+
+def test_a_repeated_task_id_points_at_the_repeat_not_at_line_1(tmp_path):
+    suite = tmp_path / "dup.yaml"
+    suite.write_text(
+        "name: x\n"
+        "tasks:\n"
+        "  - id: one\n"
+        "    actions: [{type: terminate}]\n"
+        "  - id: two\n"
+        "    actions: [{type: terminate}]\n"
+        "  - id: one\n"
+        "    actions: [{type: terminate}]\n"
+    )
+    with pytest.raises(SuiteError) as caught:
+        load_suite(suite)
+    message = str(caught.value)
+    assert f"{suite}:7: tasks.2.id: task ids must be unique: 'one' is already the id of tasks.0 (line 3)" in message
+    assert f"{suite}:1:" not in message
