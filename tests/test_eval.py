@@ -181,3 +181,22 @@ def test_a_repeated_task_id_points_at_the_repeat_not_at_line_1(tmp_path):
     message = str(caught.value)
     assert f"{suite}:7: tasks.2.id: task ids must be unique: 'one' is already the id of tasks.0 (line 3)" in message
     assert f"{suite}:1:" not in message
+
+
+def test_summary_counts_are_disjoint_and_add_up_to_the_plan():
+    from softprobe.gym.eval_runner import TaskResult, _summary
+    from softprobe.gym.suite import Suite
+
+    def result(task_id: str, passed: bool, error: str | None) -> TaskResult:
+        return TaskResult(id=task_id, passed=passed, score=1.0 if passed else 0.0, reason="", error=error,
+                          reward_total=0.0, rewards=[], steps=1, duration_ms=1.0, trajectory_digest=None,
+                          source_trace_id=None, artifacts=None, assertions=[])
+
+    suite = Suite.model_validate({"tasks": [{"id": "t", "actions": []}]})
+    results = [result("ok", True, None), result("wrong", False, None), result("crashed", False, "SandboxError: gone"),
+               result("bad-assertion", False, "unknown assertion type")]
+    summary = _summary(suite, results, 6, 1.0, True, "native")
+    counts = {k: summary[k] for k in ("planned", "ran", "passed", "failed", "errored", "skipped")}
+    assert counts == {"planned": 6, "ran": 4, "passed": 1, "failed": 1, "errored": 2, "skipped": 2}
+    assert counts["passed"] + counts["failed"] + counts["errored"] + counts["skipped"] == counts["planned"]
+    assert summary["pass_rate"] == 0.25

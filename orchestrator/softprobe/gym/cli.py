@@ -114,8 +114,8 @@ def _parser() -> argparse.ArgumentParser:
             "grade the finished rollouts with their promptfoo assertions, and write "
             "results.jsonl, summary.json and report.html into --out. Ctrl-C stops launching, "
             "destroys running episodes' containers and writes partial results. Exit code 0 when "
-            "all tasks pass, 1 when some fail, 2 on a usage or infrastructure error, 130 when "
-            "interrupted."
+            "all tasks pass, 1 when some fail, error or did not run, 2 on a usage or "
+            "infrastructure error, 130 when interrupted."
         ),
     )
     evaluate.add_argument("suite", type=Path, metavar="SUITE.yaml")
@@ -267,7 +267,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     )
     if outcome.interrupted:  # type: ignore[attr-defined]
         return 130
-    return 0 if summary["failed"] == 0 and summary["ran"] == summary["planned"] else 1
+    return 0 if summary["passed"] == summary["planned"] else 1
 
 
 class _progress_display:

@@ -306,10 +306,14 @@ def _task_result(task: Task, record: TaskRecord, graded: Any) -> TaskResult:
 
 
 def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: float, interrupted: bool, backend: str) -> dict[str, Any]:
+    """The counts are disjoint: a task that ran is ``errored`` (its rollout or its grading
+    failed: ``error`` is set), else ``passed`` or ``failed``; a planned task that did not run (an
+    interrupted run) is ``skipped``. So ``planned = passed + failed + errored + skipped`` and
+    ``ran = passed + failed + errored``."""
     scores = [r.score for r in results]
     durations = [r.duration_ms for r in results]
-    passed = sum(r.passed for r in results)
     errored = sum(r.error is not None for r in results)
+    passed = sum(r.passed and r.error is None for r in results)
     return {
         "suite": suite.name,
         "image": suite.image,
@@ -317,8 +321,9 @@ def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: floa
         "planned": planned,
         "ran": len(results),
         "passed": passed,
-        "failed": len(results) - passed,
+        "failed": len(results) - passed - errored,
         "errored": errored,
+        "skipped": planned - len(results),
         "pass_rate": passed / len(results) if results else 0.0,
         "interrupted": interrupted,
         "backend": backend,
