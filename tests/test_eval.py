@@ -200,3 +200,28 @@ def test_summary_counts_are_disjoint_and_add_up_to_the_plan():
     assert counts == {"planned": 6, "ran": 4, "passed": 1, "failed": 1, "errored": 2, "skipped": 2}
     assert counts["passed"] + counts["failed"] + counts["errored"] + counts["skipped"] == counts["planned"]
     assert summary["pass_rate"] == 0.25
+
+
+@pytest.mark.docker
+def test_preflight_refuses_a_suite_that_cannot_run_before_writing_anything(tmp_path, docker_engine):
+    suite = tmp_path / "broken.yaml"
+    suite.write_text(
+        "name: broken\n"
+        "image: softprobe/absent:never\n"
+        "seed: ./no-such-folder\n"
+        "tasks:\n"
+        "  - id: a\n"
+        "    seed: ./also-missing\n"
+        "    actions: [{type: terminate}]\n"
+        "  - id: b\n"
+        "    policy: no_such_policy_module:act\n"
+    )
+    out = tmp_path / "out"
+    done = run_eval(str(suite), "--out", str(out))
+    assert done.returncode == 2, done.stderr
+    assert f"{suite}:2: image: 'softprobe/absent:never' is not on this Docker engine" in done.stderr
+    assert f"{suite}:3: seed: the seed folder {tmp_path / 'no-such-folder'} does not exist" in done.stderr
+    assert f"{suite}:6: tasks.0.seed: the seed folder {tmp_path / 'also-missing'} does not exist" in done.stderr
+    assert f"{suite}:9: tasks.1.policy:" in done.stderr and "no_such_policy_module" in done.stderr
+    assert "seed_root" not in done.stderr
+    assert not out.exists()  # not even empty runs/ or tasks/ folders

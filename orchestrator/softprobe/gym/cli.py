@@ -221,8 +221,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     from softprobe.promptfoo_adapter import PromptfooAdapterError
 
-    from .eval_runner import run_suite
-    from .images import ensure_image
+    from .eval_runner import preflight_suite, run_suite
     from .suite import load_suite
 
     if args.concurrency is not None and args.concurrency < 1:
@@ -230,7 +229,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         return 2
     try:
         suite = load_suite(args.suite)
-        ensure_image(suite.image)
+        preflight_suite(suite)  # before anything is written
     except GymError as err:
         print(f"softprobe-gym: error: {err}", file=sys.stderr)
         return 2

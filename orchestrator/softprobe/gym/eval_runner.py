@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+import docker.errors
 from pydantic import BaseModel
 
 from .errors import GymError
@@ -26,7 +27,7 @@ from .export import trajectory_steps
 from .host import create_host_environment
 from .session import RolloutResult, create_training_session
 from .splits import assert_no_leakage, partition_train_eval
-from .suite import Suite, Task
+from .suite import Suite, SuiteError, Task
 
 
 class TaskRecord(BaseModel):
@@ -78,6 +79,53 @@ def select_tasks(suite: Suite) -> list[Task]:
     return [t for t in suite.tasks if t.id in chosen]
 
 
+def preflight_suite(suite: Suite) -> None:
+    """Check what every task needs before any of them runs, and before anything is written.
+
+    The seed image must be on the Docker engine (the project's own images are built if
+    missing), every ``seed`` folder must exist, and every ``policy`` must import.
+
+    Raises:
+        SuiteError: one ``FILE:LINE: field: problem`` line per problem found, named as the suite
+            file names it.
+        DockerUnavailableError / ImageBuildError: no engine answers, or building failed.
+    """
+    from .images import ensure_image
+    from .sandbox.docker_backend import connect_docker
+
+    problems = []
+    folders: list[tuple[tuple[str | int, ...], Path | None]] = [(("seed",), suite.seed)]
+    folders += [(("tasks", i, "seed"), task.seed) for i, task in enumerate(suite.tasks)]
+    for loc, folder in folders:
+        resolved = suite.resolve(folder)
+        if resolved is not None and not resolved.is_dir():
+            what = "does not exist" if not resolved.exists() else "is not a folder"
+            problems.append(f"{suite.where(*loc)}: {_dotted(loc)}: the seed folder {resolved} {what}")
+    for i, task in enumerate(suite.tasks):
+        if task.policy is not None:
+            try:
+                suite.policy(task)
+            except SuiteError as err:
+                problems.append(f"{suite.where('tasks', i, 'policy')}: tasks.{i}.policy: {err}")
+    ensure_image(suite.image, log=lambda line: print(line, file=sys.stderr))
+    client = connect_docker()
+    try:
+        client.images.get(suite.image)
+    except docker.errors.ImageNotFound:
+        problems.append(
+            f"{suite.where('image')}: image: {suite.image!r} is not on this Docker engine; build or "
+            "pull it, or name an image the engine has"
+        )
+    finally:
+        client.close()
+    if problems:
+        raise SuiteError("the suite cannot run; nothing was started or written:\n" + "\n".join(problems))
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
 def _fingerprint(task: Task) -> str:
     content = task.model_dump(mode="json", exclude={"id"}, by_alias=True)
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
@@ -96,9 +144,11 @@ async def run_suite(
     """Run ``suite`` into ``out``; see the module docstring.
 
     Raises:
+        SuiteError: :func:`preflight_suite` found a problem (nothing was run or written).
         GymError: infrastructure failed (Docker, the grader); partial outputs are still written.
     """
     started = time.perf_counter()
+    preflight_suite(suite)
     tasks = select_tasks(suite)
     records_dir = out / "tasks"
     records_dir.mkdir(parents=True, exist_ok=True)

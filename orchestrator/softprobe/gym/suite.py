@@ -143,6 +143,11 @@ class Suite(BaseModel):
             raise ValueError(f"{_REPEATED}; repeated: {', '.join(repeated)}")
         return self
 
+    def where(self, *loc: str | int) -> str:
+        """``FILE:LINE`` of a field of the suite file, e.g. ``where("tasks", 2, "seed")``; the
+        nearest enclosing field's line when the file does not spell that one out."""
+        return _where(self._source or Path("<suite>"), self._lines, tuple(loc))
+
     def resolve(self, path: Path | None) -> Path | None:
         return None if path is None else (self.base_dir / path).resolve()
 
