@@ -392,12 +392,14 @@ class HostEnvironment:
         to have the checkpoint's ``workspace_digest``.
 
         ``path="prefix_reexecution"`` (needs ``deterministic_prefix_reexecution``): the child
-        starts from the seed in a fresh container and re-executes the parent's first
+        starts from the parent's seed (its own ``seed_root`` if it had one) in a fresh container
+        and re-executes the parent's first
         ``prefix_length`` actions (counted since the parent's last reset). After each one its
         ``workspace_digest`` must equal the parent's at that step; with ``strict=True`` its
         observation and error too.
 
-        Every refusal happens before any container or image is created. The child records its
+        On either path the child inherits the parent's per-episode ``seed_root`` and
+        ``max_steps``. Every refusal happens before any container or image is created. The child records its
         lineage (``parent_episode_id``, ``branch_step``, ``path``, ``checkpoint_id``, the
         verified ``workspace_digest``) and returns it.
 
@@ -429,7 +431,10 @@ class HostEnvironment:
             if checkpoint_id is not None:
                 raise ForkRequestError("prefix_reexecution takes prefix_length, not checkpoint_id")
             check_prefix_length(prefix_length, len(parent.steps))
-        handle = await self.create_episode(episode_id=child_episode_id)
+        # The child is the parent's episode again: same seed folder, same step limit.
+        handle = await self.create_episode(
+            episode_id=child_episode_id, max_steps=parent.max_steps, seed_root=parent.seed_root
+        )
         child = self._episodes[handle.episode_id]
         started = time.perf_counter()
         try:
