@@ -26,6 +26,7 @@ from .errors import (
     SandboxLostError,
     SandboxStartError,
     SplitError,
+    SubjectStateError,
     UnsafeArchiveError,
     UnsupportedForkError,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "SandboxLostError",
     "SandboxStartError",
     "SplitError",
+    "SubjectStateError",
     "StepContext",
     "StepError",
     "StepEvent",

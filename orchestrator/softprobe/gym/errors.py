@@ -71,6 +71,12 @@ class OnStepHookError(GymError):
         self.step_result = step_result
 
 
+class SubjectStateError(GymError):
+    """The subject adapter's ``export_state`` (during ``checkpoint``) or ``import_state`` (during a
+    ``checkpoint_import`` fork) raised. Nothing was kept: no checkpoint image, no child episode.
+    The original exception is the ``__cause__``."""
+
+
 class SandboxError(GymError):
     """The sandbox backend (Docker) failed to do something the host asked of it."""
 
@@ -175,6 +181,7 @@ __all__ = [
     "SandboxLostError",
     "SandboxStartError",
     "SplitError",
+    "SubjectStateError",
     "UnsafeArchiveError",
     "UnsupportedForkError",
 ]

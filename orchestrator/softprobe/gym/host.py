@@ -32,6 +32,7 @@ from .errors import (
     ReplayDivergenceError,
     SandboxError,
     SandboxLostError,
+    SubjectStateError,
 )
 from .fork import ForkLineage, ForkPath, ForkResult, check_fork_path, check_prefix_length
 from .hooks import OnStepHook, StepContext, call_hook
@@ -338,6 +339,7 @@ class HostEnvironment:
         Raises:
             CapabilityError: ``environment_checkpoint`` was not declared (nothing is committed).
             LifecycleError / EpisodeBrokenError: the episode has no live container.
+            SubjectStateError: ``subject.export_state`` raised (nothing is committed).
         """
         episode = self._get(episode_id)
         if not self.capabilities.environment_checkpoint:
@@ -351,10 +353,18 @@ class HostEnvironment:
             assert episode.sandbox is not None
             checkpoint_id = f"ckpt-{uuid.uuid4().hex[:16]}"
             labels = self._labels(episode_id) | {L.CHECKPOINT: checkpoint_id}
-            image_id = await episode.sandbox.commit(labels=labels)
+            # The subject first: if it fails, there is no image to clean up.
             subject_state = None
             if self._subject is not None:
-                subject_state = await _maybe_await(self._subject.export_state(episode_id))
+                try:
+                    subject_state = await _maybe_await(self._subject.export_state(episode_id))
+                except Exception as err:
+                    raise SubjectStateError(
+                        f"checkpoint of {episode_id!r}: subject.export_state raised "
+                        f"{type(err).__name__}: {err}. Nothing was committed; the episode goes on "
+                        "unchanged. Fix the subject adapter, then checkpoint again."
+                    ) from err
+            image_id = await episode.sandbox.commit(labels=labels)
             record = CheckpointRecord(
                 checkpoint_id=checkpoint_id,
                 episode_id=episode_id,
@@ -411,7 +421,8 @@ class HostEnvironment:
             ForkRequestError: an unknown checkpoint (or one of another episode), a prefix length
                 out of range, or a missing argument.
             ReplayDivergenceError: a replayed step gave a different world (the child is
-                destroyed); ForkVerificationError: a checkpoint's world did not come back whole.
+                destroyed); ForkVerificationError: a checkpoint's world did not come back whole;
+                SubjectStateError: ``subject.import_state`` raised (the child is destroyed).
             LifecycleError / EpisodeNotFoundError / EpisodeExistsError: as usual.
         """
         parent = self._get(episode_id)
@@ -475,7 +486,14 @@ class HostEnvironment:
                     f"{sandbox.hello.workspace_digest}, not {record.workspace_digest}: the "
                     "checkpoint did not capture the workspace (is it on a volume or tmpfs?)"
                 )
-            await _maybe_await(self._subject.import_state(child.episode_id, record.subject_state))
+            try:
+                await _maybe_await(self._subject.import_state(child.episode_id, record.subject_state))
+            except Exception as err:
+                raise SubjectStateError(
+                    f"fork of {parent.episode_id!r} from {record.checkpoint_id}: subject.import_state "
+                    f"raised {type(err).__name__}: {err}. The child was removed; fix the subject "
+                    "adapter, then fork again."
+                ) from err
             child.steps = [step.model_copy(update={"episode_id": child.episode_id}) for step in entry.steps]
             for step in child.steps:
                 child.store.append_step(step)
