@@ -10,6 +10,7 @@ import pytest
 from helpers import SUPPORT_DESK, tool
 from softprobe.gym import (
     RewardComponent,
+    LifecycleError,
     RewardError,
     create_host_environment,
     create_training_session,
@@ -183,3 +184,21 @@ async def test_reward_aggregate_is_configurable(host):
     session = create_training_session(host, reward_from=facts, reward_aggregate=lambda cs: -len(cs))
     events = await collect(session, [tool("fs.list")])
     assert events[1].step_result.reward == -2.0
+
+
+async def test_leaving_a_rollout_early_releases_the_session_at_once(host):
+    session = await create_training_session(host, episode_id="early-exit")
+    async for event in session.rollout(STORY):
+        assert event.type == "reset"
+        break  # the iterator is dropped here: the session is free again at once
+    events = await collect(session, STORY)
+    assert [e.type for e in events] == ["reset", "step", "step", "step", "terminated"]
+
+    kept = session.rollout(STORY)  # a reference we keep: aclose() releases it
+    assert (await kept.__anext__()).type == "reset"
+    with pytest.raises(LifecycleError, match="one rollout at a time"):
+        await session.rollout(STORY).__anext__()
+    await kept.aclose()
+    await kept.aclose()  # idempotent
+    assert [e.type async for e in kept] == []
+    assert (await collect(session, STORY))[-1].reason == "terminate_action"

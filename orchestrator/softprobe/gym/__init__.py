@@ -49,6 +49,7 @@ from .results import (
 from .rewards import Check, Facts, RewardContext, RewardTracker, map_reward_components
 from .session import (
     ResetEvent,
+    Rollout,
     RolloutResult,
     StepEvent,
     TerminatedEvent,
@@ -99,6 +100,7 @@ __all__ = [
     "RewardContext",
     "RewardError",
     "RewardTracker",
+    "Rollout",
     "RolloutResult",
     "SandboxError",
     "SandboxLostError",
