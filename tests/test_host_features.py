@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import docker
 import pytest
@@ -142,3 +143,19 @@ async def test_other_episodes_keep_working_when_one_breaks(host):
     ok = await host.step(episode_id=healthy, action=tool("fs.read", path="hello.txt"))
     assert ok.error is None
     await host.destroy(episode_id=doomed)
+
+
+async def test_every_episode_has_a_trace_id_on_each_step_and_in_its_result(host):
+    episode_id = "traced"
+    await host.create_episode(episode_id=episode_id)
+    first = await host.reset(episode_id=episode_id)
+    assert re.fullmatch(r"[0-9a-f]{32}", first.source_trace_id)
+    await host.step(episode_id=episode_id, action=tool("fs.list"))
+    again = await host.reset(episode_id=episode_id)  # a new attempt, a new trace
+    assert again.source_trace_id != first.source_trace_id
+    await host.step(episode_id=episode_id, action=tool("fs.read", path="hello.txt"))
+    await host.step(episode_id=episode_id, action={"type": "terminate"})
+    done = await host.finalize(episode_id=episode_id)
+    lines = [json.loads(line) for line in done.trajectory_path.read_text().splitlines()]
+    assert [line["source_trace_id"] for line in lines] == [again.source_trace_id] * 2
+    assert json.loads(done.result_path.read_text())["source_trace_id"] == again.source_trace_id

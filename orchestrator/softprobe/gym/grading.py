@@ -57,7 +57,8 @@ def case_for(episode_dir: Path, assertions: list[dict[str, Any]], threshold: flo
         else:
             lines = (episode_dir / "trajectory.jsonl").read_text().splitlines()
             steps = [StepResult.model_validate_json(line) for line in lines if line.strip()]
-            final_output, digest, trace = final_output_of(episode_id, steps), trajectory_digest(steps), None
+            trace = json.loads((episode_dir / "result.json").read_text()).get("source_trace_id")
+            final_output, digest = final_output_of(episode_id, steps), trajectory_digest(steps)
     except (OSError, ValueError, KeyError, ValidationError) as err:
         raise ConfigurationError(f"cannot read the records of {episode_dir}: {err}") from None
     return {

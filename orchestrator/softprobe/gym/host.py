@@ -7,12 +7,13 @@ shim inside it. The host owns every episode's state machine and its folder under
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from pydantic import ValidationError
 
@@ -26,6 +27,7 @@ from .errors import (
     EpisodeExistsError,
     EpisodeNotFoundError,
     ForkRequestError,
+    GymError,
     ForkVerificationError,
     LifecycleError,
     OnStepHookError,
@@ -71,6 +73,8 @@ class _Episode:
     lineage: ForkLineage | None = None
     max_steps: int | None = None  # overrides the host's limit
     seed_root: Path | None = None  # overrides the host's seed_root
+    # Names this attempt (renewed by every reset): in result.json and on every trajectory line.
+    source_trace_id: str = field(default_factory=lambda: secrets.token_hex(16))
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -240,6 +244,7 @@ class HostEnvironment:
             episode.sandbox = sandbox
             episode.steps = []
             episode.broken = None
+            episode.source_trace_id = secrets.token_hex(16)
             episode.initial_digest = sandbox.hello.workspace_digest
             episode.workspace_digest = sandbox.hello.workspace_digest
             episode.state = EpisodeState.READY
@@ -259,6 +264,7 @@ class HostEnvironment:
                     "shim_version": hello.shim_version,
                 },
                 tools=hello.tools,
+                source_trace_id=episode.source_trace_id,
                 duration_ms=_ms_since(started),
             )
 
@@ -282,6 +288,15 @@ class HostEnvironment:
             EpisodeBrokenError: the container or shim died or hung; ``reset`` or ``destroy`` it.
             OnStepHookError: the ``on_step`` hook raised (the step ran and is recorded).
         """
+        return await self._step(episode_id, action, score=None)
+
+    async def _step(
+        self, episode_id: str, action: object, *, score: Callable[[StepResult], Awaitable[None]] | None
+    ) -> StepResult:
+        """:meth:`step`, with ``score(result)`` (a training session's rewards) run before the
+        step's line is written, so ``trajectory.jsonl`` holds each step whole as it completes.
+        ``score`` is skipped when the hook raised; a GymError it raises (RewardError) is raised
+        after the step is recorded."""
         episode = self._get(episode_id)
         self._require_usable(episode, "step")
         parsed = parse_action(action)
@@ -314,8 +329,15 @@ class HostEnvironment:
                 truncated=truncated,
                 diagnostics=diagnostics,
                 error=error,
+                source_trace_id=episode.source_trace_id,
             )
             hook_error = await self._run_hook(episode, sandbox, parsed, result)
+            score_error: GymError | None = None
+            if score is not None and hook_error is None:
+                try:
+                    await score(result)
+                except GymError as err:
+                    score_error = err
             result.duration_ms = _ms_since(started)
             episode.steps.append(result)
             episode.store.append_step(result)
@@ -328,6 +350,8 @@ class HostEnvironment:
                 f"{episode_id!r} ran and is recorded; see .step_result)",
                 result,
             ) from hook_error
+        if score_error is not None:
+            raise score_error
         return result
 
     async def checkpoint(self, *, episode_id: str) -> CheckpointRecord:
@@ -494,7 +518,10 @@ class HostEnvironment:
                     f"raised {type(err).__name__}: {err}. The child was removed; fix the subject "
                     "adapter, then fork again."
                 ) from err
-            child.steps = [step.model_copy(update={"episode_id": child.episode_id}) for step in entry.steps]
+            child.steps = [
+                step.model_copy(update={"episode_id": child.episode_id, "source_trace_id": child.source_trace_id})
+                for step in entry.steps
+            ]
             for step in child.steps:
                 child.store.append_step(step)
             child.initial_digest = entry.initial_digest
@@ -587,6 +614,7 @@ class HostEnvironment:
                 trajectory_path=store.trajectory_path,
                 result_path=store.result_path,
                 skipped_paths=skipped,
+                source_trace_id=episode.source_trace_id,
             )
             store.write_result(result.model_dump_json(indent=2))
             store.close_trajectory()
@@ -827,6 +855,7 @@ class HostEnvironment:
             "host_id": self.host_id,
             "checkpoints": list(episode.checkpoints),
             "lineage": episode.lineage.model_dump() if episode.lineage else None,
+            "source_trace_id": episode.source_trace_id,
         }
 
 
