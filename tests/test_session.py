@@ -202,3 +202,33 @@ async def test_leaving_a_rollout_early_releases_the_session_at_once(host):
     await kept.aclose()  # idempotent
     assert [e.type async for e in kept] == []
     assert (await collect(session, STORY))[-1].reason == "terminate_action"
+
+
+async def test_each_step_is_written_whole_with_rewards_and_trace_id_as_it_completes(host):
+    session = await create_training_session(host, episode_id="logged", reward_from=note_facts)
+    log = host.run_root / "episodes" / "logged" / "trajectory.jsonl"
+    async for event in session.rollout(STORY):
+        if event.type == "step":  # read the log before the session finalizes anything
+            line = json.loads(log.read_text().splitlines()[-1])
+            assert line["index"] == event.step_result.index
+            assert line["reward_components"] == [c.model_dump() for c in event.step_result.reward_components] != []
+            assert line["reward"] == event.step_result.reward
+            assert line["source_trace_id"] == session.source_trace_id
+
+
+async def test_a_step_whose_hook_raised_is_recorded_alike_by_the_session_and_the_host(tmp_path, docker_engine):
+    from softprobe.gym import OnStepHookError
+
+    def hook(ctx):
+        if ctx.result.index == 2:
+            raise RuntimeError("hook broke")
+        return {"workspace_had_note": False}
+
+    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, on_step=hook) as host:
+        session = await create_training_session(host, episode_id="hooked", reward_from=note_facts)
+        with pytest.raises(OnStepHookError, match="hook broke"):
+            await collect(session, STORY)
+        result = await session.finalize()
+        logged = (host.run_root / "episodes" / "hooked" / "trajectory.jsonl").read_text().splitlines()
+        assert [s.index for s in result.steps] == [1, 2]
+        assert [json.loads(s.model_dump_json()) for s in result.steps] == [json.loads(line) for line in logged]

@@ -8,7 +8,6 @@ grade the finished rollout afterwards with ``rollout_to_promptfoo_input`` and
 from __future__ import annotations
 
 import inspect
-import secrets
 import weakref
 from pathlib import Path
 from typing import Annotated, Any, AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable, Literal, Union
@@ -155,11 +154,11 @@ class TrainingSession:
     async def _rollout(self, source: Any) -> AsyncIterator[ResetEvent | StepEvent | TerminatedEvent]:
         await self._ensure_episode()
         episode_id = str(self.episode_id)
-        self.source_trace_id = secrets.token_hex(16)
         self._steps, self._reason = [], None
         if self.rewards is not None:
             self.rewards.restart()
         reset = await self.host.reset(episode_id=episode_id)
+        self.source_trace_id = reset.source_trace_id  # the host stamps it on every step
         yield ResetEvent(
             episode_id=episode_id,
             observation=reset.observation,
@@ -175,12 +174,16 @@ class TrainingSession:
                 action = await next_action(observation, last)
                 if action is None:
                     break
-                result = await self.host.step(episode_id=episode_id, action=action)
-                result.source_trace_id = self.source_trace_id
+                # Rewards are scored inside the step, so its trajectory line carries them.
+                score = self.rewards.score if self.rewards is not None else None
+                result = await self.host._step(episode_id, action, score=score)
                 self._steps.append(result)
-                if self.rewards is not None:
-                    await self.rewards.score(result)
             except GymError as err:
+                # A step that ran and then failed (on_step or reward_from raised) is recorded by
+                # the host; the rollout's result records it the same way.
+                recorded = getattr(err, "step_result", None)
+                if isinstance(recorded, StepResult):
+                    self._steps.append(recorded)
                 self._reason = "error"
                 yield TerminatedEvent(reason="error", steps=len(self._steps), error=str(err))
                 raise
