@@ -159,3 +159,22 @@ async def test_every_episode_has_a_trace_id_on_each_step_and_in_its_result(host)
     lines = [json.loads(line) for line in done.trajectory_path.read_text().splitlines()]
     assert [line["source_trace_id"] for line in lines] == [again.source_trace_id] * 2
     assert json.loads(done.result_path.read_text())["source_trace_id"] == again.source_trace_id
+
+
+async def test_a_broken_episode_is_finalized_with_what_the_host_knows(host):
+    episode_id = await ready(host, "doomed")
+    await host.step(episode_id=episode_id, action=tool("fs.write", path="a.txt", content="A"))
+    client = docker.from_env()
+    (container,) = client.containers.list(filters={"label": f"{L.EPISODE}={episode_id}"})
+    container.kill()
+    client.close()
+    with pytest.raises(EpisodeBrokenError) as caught:
+        await host.step(episode_id=episode_id, action=tool("fs.list"))
+    done = await host.finalize(episode_id=episode_id)
+    assert done.broken == caught.value.reason and done.workspace_path is None and done.steps == 1
+    saved = json.loads(done.result_path.read_text())
+    assert saved["broken"] == caught.value.reason and saved["workspace_path"] is None
+    lines = [json.loads(line) for line in done.trajectory_path.read_text().splitlines()]
+    assert [(line["index"], line["action"]["name"]) for line in lines] == [(1, "fs.write")]
+    assert not (done.episode_dir / "workspace").exists()
+    assert host.state(episode_id=episode_id).value == "finalized"

@@ -52,7 +52,8 @@ class LifecycleError(GymError):
 
 
 class EpisodeBrokenError(GymError):
-    """The episode's container or shim died or stopped answering; ``reset`` or ``destroy`` it."""
+    """The episode's container or shim died or stopped answering; ``reset`` or ``destroy`` it
+    (``finalize`` records what the host knows: the trajectory and this reason, no workspace)."""
 
     def __init__(self, episode_id: str, reason: str) -> None:
         super().__init__(

@@ -582,20 +582,25 @@ class HostEnvironment:
         Writes ``run_root/episodes/<id>/``: ``trajectory.jsonl`` (already appended per step),
         ``result.json`` and ``workspace/`` (extracted safely: no member may land outside it).
 
+        A broken episode (its container died: see :class:`EpisodeBrokenError`) is finalized
+        with what the host knows: its trajectory and ``broken`` (why it broke) are recorded,
+        and ``workspace_path`` is ``None`` (there is no workspace to collect).
+
         Raises:
             LifecycleError: the episode never ran, or is already finalized or destroyed.
-            EpisodeBrokenError: the container died, so its workspace cannot be collected.
             UnsafeArchiveError: the workspace archive held a member whose name escapes the
                 folder (links leading out and FIFOs are skipped instead: ``skipped_paths``).
         """
         episode = self._get(episode_id)
-        self._require_usable(episode, "finalize")
+        require(episode_id, episode.state, "finalize")
         async with episode.lock:
-            self._require_usable(episode, "finalize")
-            assert episode.sandbox is not None
+            require(episode_id, episode.state, "finalize")
             store = episode.store
             store.clear_workspace()
-            skipped = await episode.sandbox.copy_out("/workspace", store.dir)
+            skipped = []
+            if episode.broken is None:
+                assert episode.sandbox is not None
+                skipped = await episode.sandbox.copy_out("/workspace", store.dir)
             last = episode.steps[-1] if episode.steps else None
             final_output = (
                 last.action.output
@@ -610,7 +615,8 @@ class HostEnvironment:
                 final_output=final_output,
                 workspace_digest=episode.workspace_digest,
                 episode_dir=store.dir,
-                workspace_path=store.workspace_path,
+                workspace_path=store.workspace_path if episode.broken is None else None,
+                broken=episode.broken,
                 trajectory_path=store.trajectory_path,
                 result_path=store.result_path,
                 skipped_paths=skipped,

@@ -138,7 +138,13 @@ class FinalizeResult(BaseModel):
     final_output: str | None
     workspace_digest: str
     episode_dir: Path
-    workspace_path: Path = Field(description="the final /workspace, copied out")
+    workspace_path: Path | None = Field(
+        description="the final /workspace, copied out; None when the episode was broken"
+    )
+    broken: str | None = Field(
+        default=None,
+        description="why the episode's container was lost (then nothing was copied out); None if it was not",
+    )
     trajectory_path: Path = Field(description="trajectory.jsonl: one StepResult per line")
     result_path: Path = Field(description="result.json: this record")
     skipped_paths: list[SkippedMember] = Field(

@@ -68,7 +68,7 @@ class RolloutResult(BaseModel):
     terminated_reason: TerminatedReason | None
     facts: list[Facts] = Field(default_factory=list, description="reward_from's facts, per step")
     artifacts_dir: Path
-    workspace_path: Path
+    workspace_path: Path | None = Field(description="the final /workspace; None if the episode broke")
 
 
 class TrainingSession:
