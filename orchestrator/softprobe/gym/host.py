@@ -15,8 +15,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from pydantic import ValidationError
-
 from . import labels as L
 from .actions import TerminateAction, ToolAction, parse_action
 from .episode_store import EpisodeStore, validate_episode_id
@@ -38,6 +36,7 @@ from .errors import (
 )
 from .fork import ForkLineage, ForkPath, ForkResult, check_fork_path, check_prefix_length
 from .hooks import OnStepHook, StepContext, call_hook
+from .host_options import HostOptions
 from .lifecycle import require
 from .pool import WarmPool
 from .results import (
@@ -918,69 +917,47 @@ def create_host_environment(
             or ``"scan"`` (re-read the whole workspace after each process: exact, slower).
 
     Raises:
-        ConfigurationError: an argument is invalid (the message says which and why).
+        ConfigurationError: an argument is invalid or of the wrong type (checked by
+            :class:`~softprobe.gym.host_options.HostOptions`; the message names each option,
+            says why, and what it got). Numbers are not taken from strings, nor counts from
+            booleans.
     """
-    run_path = Path(run_root).expanduser().resolve()
+    options = HostOptions.parse(
+        run_root=run_root, seed_root=seed_root, image=image,
+        capabilities=Capabilities() if capabilities is None else capabilities,
+        on_step=on_step, subject=subject,
+        container=ContainerSettings() if container is None else container,
+        tool_timeout_s=tool_timeout_s, max_tool_timeout_s=max_tool_timeout_s,
+        output_cap_bytes=output_cap_bytes, max_steps=max_steps, docker_host=docker_host,
+        backend=backend, sweep_on_start=sweep_on_start, pool_size=pool_size,
+        max_containers=max_containers, workspace_tracking=workspace_tracking,
+    )
     try:
-        run_path.mkdir(parents=True, exist_ok=True)
+        options.run_root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigurationError(f"cannot create run_root {run_path}: {err.strerror}") from None
-    seed_path = None
-    if seed_root is not None:
-        seed_path = Path(seed_root).expanduser().resolve()
-        if not seed_path.is_dir():
-            raise ConfigurationError(f"seed_root {seed_path} is not a directory")
-    try:
-        caps = capabilities if isinstance(capabilities, Capabilities) else Capabilities(**(capabilities or {}))
-        settings = (
-            container
-            if isinstance(container, ContainerSettings)
-            else ContainerSettings(**(container or {}))
-        )
-    except (ValidationError, TypeError) as err:
-        raise ConfigurationError(f"invalid host configuration: {err}") from None
-    if caps.subject_state_import:
-        missing = [m for m in ("export_state", "import_state") if not callable(getattr(subject, m, None))]
-        if missing:
-            raise ConfigurationError(
-                "capabilities declare subject_state_import, so subject= must be an object with "
-                f"export_state(episode_id) and import_state(episode_id, state); missing: {', '.join(missing)}"
-            )
-    if not (0 < tool_timeout_s <= max_tool_timeout_s):
-        raise ConfigurationError("need 0 < tool_timeout_s <= max_tool_timeout_s")
-    if output_cap_bytes < 1024:
-        raise ConfigurationError("output_cap_bytes must be at least 1024")
-    if max_steps is not None and max_steps < 1:
-        raise ConfigurationError("max_steps must be at least 1")
-    if on_step is not None and not callable(on_step):
-        raise ConfigurationError("on_step must be callable")
-    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
-        raise ConfigurationError("pool_size must be an int >= 0")
-    if max_containers is not None and (not isinstance(max_containers, int) or max_containers < 1):
-        raise ConfigurationError("max_containers must be a positive int or None")
-    if workspace_tracking not in ("inotify", "scan"):
-        raise ConfigurationError("workspace_tracking must be 'inotify' or 'scan'")
+        raise ConfigurationError(f"cannot create run_root {options.run_root}: {err.strerror}") from None
+    backend = options.backend
     if backend is None:
         from .sandbox.docker_backend import DockerBackend
 
-        backend = DockerBackend(docker_host=docker_host)
+        backend = DockerBackend(docker_host=options.docker_host)
     return HostEnvironment(
-        run_root=run_path,
-        seed_root=seed_path,
-        image=image,
-        capabilities=caps,
-        on_step=on_step,
-        subject=subject,
-        container=settings,
-        tool_timeout_s=tool_timeout_s,
-        max_tool_timeout_s=max_tool_timeout_s,
-        output_cap_bytes=output_cap_bytes,
-        max_steps=max_steps,
+        run_root=options.run_root,
+        seed_root=options.seed_root,
+        image=options.image,
+        capabilities=options.capabilities,
+        on_step=options.on_step,
+        subject=options.subject,
+        container=options.container,
+        tool_timeout_s=options.tool_timeout_s,
+        max_tool_timeout_s=options.max_tool_timeout_s,
+        output_cap_bytes=options.output_cap_bytes,
+        max_steps=options.max_steps,
         backend=backend,
-        sweep_on_start=sweep_on_start,
-        pool_size=pool_size,
-        max_containers=max_containers,
-        workspace_tracking=workspace_tracking,
+        sweep_on_start=options.sweep_on_start,
+        pool_size=options.pool_size,
+        max_containers=options.max_containers,
+        workspace_tracking=options.workspace_tracking,
     )
 
 
