@@ -55,3 +55,24 @@ def require_extra(module: str, extra: str):  # type: ignore[no-untyped-def]
         if os.environ.get("CI"):
             raise
         pytest.skip(f"{module} is an optional extra: pip install 'softprobe-gym[{extra}]'", allow_module_level=True)
+
+
+def owned_by_process(pid: int) -> tuple[list, list]:
+    """Containers and images that the softprobe-gym process ``pid`` of this machine created (by
+    owner label), so that leak checks ignore whatever other processes run on a shared engine."""
+    import os
+
+    import docker
+
+    from softprobe.gym import labels as L
+
+    prefix = f"{os.uname().nodename}:{pid}:"
+    client = docker.from_env()
+    try:
+        containers = [c for c in client.containers.list(all=True, filters={"label": L.MANAGED})
+                      if c.labels.get(L.OWNER, "").startswith(prefix)]
+        images = [i for i in client.images.list(filters={"label": L.MANAGED})
+                  if i.labels.get(L.OWNER, "").startswith(prefix)]
+        return containers, images
+    finally:
+        client.close()

@@ -109,10 +109,9 @@ async def test_checkpoint_without_the_capability_commits_nothing(tmp_path, docke
     async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, capabilities=caps) as host:
         episode_id = await ready(host)
         client = docker.from_env()
-        before = len(client.images.list(filters={"label": L.CHECKPOINT}))
         with pytest.raises(CapabilityError, match="environment_checkpoint"):
             await host.checkpoint(episode_id=episode_id)
-        assert len(client.images.list(filters={"label": L.CHECKPOINT})) == before
+        assert client.images.list(filters={"label": f"{L.HOST}={host.host_id}"}) == []
         client.close()
 
 
