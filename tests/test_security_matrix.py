@@ -1,8 +1,11 @@
 """SECURITY.md, row by row: what an episode container withstands with the default settings.
 
 "Survives" means: a clear typed error or a truthful observation, the host and every other
-episode keep working, nothing leaks, and the next step or reset works. Rows 12, 13, 16 and 18 also
-have deeper tests elsewhere (named in each row's docstring).
+episode keep working, nothing leaks, and the next step or reset works. Rows 12, 13 and 16 also
+have deeper tests elsewhere (named in each row's docstring). Row 18 (deep checkpoint chains) is
+tested only in test_checkpoint_depth.py, against the real engine: a fast test that flattens at a
+lowered threshold and keeps the world, and a slow one of 135 generations at the default threshold
+(a row here could only have restated the constant).
 """
 
 from __future__ import annotations
@@ -323,10 +326,3 @@ async def test_row_17_transient_docker_errors_are_retried_and_actions_never_twic
             assert count.observation.strip() == "3"  # no action ran twice
             done = await host.finalize(episode_id=episode_id)
             assert proxy.failed == 5 and (done.workspace_path / "counter.txt").read_text() == "ran\n" * 3
-
-
-async def test_row_18_hundreds_of_generations_flatten_before_the_limit():
-    """Deeper: test_checkpoint_depth.py runs 135 checkpoint -> fork generations (slow)."""
-    from softprobe.gym.sandbox.docker_backend import FLATTEN_AT_LAYERS
-
-    assert FLATTEN_AT_LAYERS < 125
