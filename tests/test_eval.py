@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,10 @@ from softprobe.gym import labels as L
 from softprobe.gym.suite import SuiteError, load_suite
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "images" / "support-desk" / "examples"
+# The screenshot README.md shows: the browser test below takes it, and writes it here when
+# SOFTPROBE_UPDATE_SCREENSHOT=1 is set (the only way the committed file is made).
+README_SCREENSHOT = EXAMPLES / "report.png"
+SCREENSHOT_SIZE = (1200, 1500)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -159,9 +164,28 @@ def test_the_report_in_a_real_headless_browser(example_run, tmp_path):
         assert task in dom
     assert "Expected output to contain \"A-42\"" in dom or "Expected output to contain &quot;A-42&quot;" in dom
     shot = tmp_path / "report.png"
-    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1200,1500",
-                    f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True)
-    assert shot.stat().st_size > 20_000
+    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                    "--window-size={},{}".format(*SCREENSHOT_SIZE), f"--screenshot={shot}", url],
+                   capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 20_000 and png_size(shot) == SCREENSHOT_SIZE
+    if os.environ.get("SOFTPROBE_UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(shot, README_SCREENSHOT)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    import struct
+
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", header[16:24])
+
+
+def test_the_readme_screenshot_is_the_one_the_browser_test_takes():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    shown = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", readme)
+    assert [(README_SCREENSHOT.parents[3] / p).resolve() for p in shown] == [README_SCREENSHOT]
+    assert "SOFTPROBE_UPDATE_SCREENSHOT=1" in readme  # README says how it is made
+    assert png_size(README_SCREENSHOT) == SCREENSHOT_SIZE
 
 
 def test_a_repeated_task_id_points_at_the_repeat_not_at_line_1(tmp_path):
