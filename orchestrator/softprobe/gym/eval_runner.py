@@ -261,9 +261,10 @@ async def _run_one_on_ray(dist: Any, suite: Suite, task: Task, reward_from: Any)
         "seed_files": _seed_files(suite, task),
     }
     (outcome,) = await dist.run_rollouts([spec], concurrency=1)
-    if isinstance(outcome, BaseException):
-        return TaskRecord(id=task.id, ok=False, error=f"{type(outcome).__name__}: {outcome}", duration_ms=_ms(started))
-    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=outcome.model_dump(mode="json"))
+    if outcome.error is not None:
+        error = f"{type(outcome.error).__name__}: {outcome.error}"
+        return TaskRecord(id=task.id, ok=False, error=error, duration_ms=_ms(started))
+    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=outcome.unwrap().model_dump(mode="json"))
 
 
 async def _run_one(host: Any, suite: Suite, task: Task, out: Path, reward_from: Any) -> TaskRecord:
