@@ -12,10 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import docker
 import pytest
 
-from softprobe.gym import labels as L
+from helpers import owned_by_process
 from softprobe.gym.suite import SuiteError, load_suite
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "images" / "support-desk" / "examples"
@@ -93,10 +92,7 @@ def test_an_interrupted_run_removes_its_containers_and_writes_partial_results(tm
     out = tmp_path / "out"
     child = subprocess.Popen([sys.executable, "-m", "softprobe.gym.cli", "eval", str(suite), "--out", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    client = docker.from_env()
-    owner = f"{os.uname().nodename}:{child.pid}:"
-    running = lambda: [c for c in client.containers.list(all=True, filters={"label": L.MANAGED})
-                       if c.labels.get(L.OWNER, "").startswith(owner)]
+    running = lambda: owned_by_process(child.pid)[0]
     deadline = time.monotonic() + 120
     while not (out / "tasks" / "slow-0.json").exists() or len(running()) < 2:  # bounded poll on state
         assert child.poll() is None and time.monotonic() < deadline, child.communicate()
@@ -107,7 +103,6 @@ def test_an_interrupted_run_removes_its_containers_and_writes_partial_results(tm
     assert running() == []
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["ran"] == 1 and summary["planned"] == 4
-    client.close()
 
 
 def test_suite_errors_point_at_lines(tmp_path):

@@ -8,7 +8,7 @@ import re
 import docker
 import pytest
 
-from helpers import SUPPORT_DESK, ready, tool
+from helpers import SUPPORT_DESK, ready, this_process, tool
 from softprobe.gym import (
     CapabilityError,
     EpisodeBrokenError,
@@ -118,7 +118,7 @@ async def test_checkpoint_without_the_capability_commits_nothing(tmp_path, docke
 async def test_a_container_killed_from_outside_breaks_the_episode_until_reset(host):
     episode_id = await ready(host)
     client = docker.from_env()
-    (container,) = client.containers.list(filters={"label": f"{L.EPISODE}={episode_id}"})
+    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={episode_id}"))
     container.kill()
     client.close()
     with pytest.raises(EpisodeBrokenError, match="reset"):
@@ -134,7 +134,7 @@ async def test_other_episodes_keep_working_when_one_breaks(host):
     doomed = await ready(host, "doomed")
     healthy = await ready(host, "healthy")
     client = docker.from_env()
-    (container,) = client.containers.list(filters={"label": f"{L.EPISODE}={doomed}"})
+    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={doomed}"))
     container.kill()
     client.close()
     with pytest.raises(EpisodeBrokenError):
@@ -164,7 +164,7 @@ async def test_a_broken_episode_is_finalized_with_what_the_host_knows(host):
     episode_id = await ready(host, "doomed")
     await host.step(episode_id=episode_id, action=tool("fs.write", path="a.txt", content="A"))
     client = docker.from_env()
-    (container,) = client.containers.list(filters={"label": f"{L.EPISODE}={episode_id}"})
+    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={episode_id}"))
     container.kill()
     client.close()
     with pytest.raises(EpisodeBrokenError) as caught:
