@@ -55,3 +55,32 @@ def require_extra(module: str, extra: str):  # type: ignore[no-untyped-def]
         if os.environ.get("CI"):
             raise
         pytest.skip(f"{module} is an optional extra: pip install 'softprobe-gym[{extra}]'", allow_module_level=True)
+
+
+def owned_by_process(pid: int) -> tuple[list[str], list[str]]:
+    """Ids of the containers and images that the softprobe-gym process ``pid`` of this machine
+    created (by owner label), so that leak checks ignore whatever other processes run on a
+    shared engine. Lists without inspecting each object, so objects that others remove in the
+    meantime cannot fail the check."""
+    import os
+
+    import docker
+
+    from softprobe.gym import labels as L
+
+    prefix = f"{os.uname().nodename}:{pid}:"
+    client = docker.from_env()
+    try:
+        containers = client.api.containers(all=True, filters={"label": L.MANAGED})
+        images = client.api.images(filters={"label": L.MANAGED})
+    finally:
+        client.close()
+    mine = lambda objects: sorted(o["Id"] for o in objects if (o.get("Labels") or {}).get(L.OWNER, "").startswith(prefix))
+    return mine(containers), mine(images)
+
+
+def this_process(*labels: str) -> dict[str, list[str]]:
+    """A Docker label filter for ``labels`` that also requires this test process as the owner."""
+    from softprobe.gym import labels as L
+
+    return {"label": [*labels, f"{L.OWNER}={L.current_owner()}"]}

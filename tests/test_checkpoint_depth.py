@@ -1,4 +1,7 @@
-"""Chains of checkpoint -> fork -> checkpoint never hit Docker's layer-depth limit."""
+"""Chains of checkpoint -> fork -> checkpoint never hit Docker's layer-depth limit.
+
+This is row 18 of SECURITY.md's threat list (test_security_matrix.py defers to it).
+"""
 
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ async def test_a_flattened_checkpoint_keeps_world_user_tools_and_environment(tmp
             child = await host.fork(episode_id=current, path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)
             current = child.episode_id
         assert depths == [base_layers + 1, base_layers + 2, 1, 2]  # flattened at the threshold
+        assert FLATTEN_AT_LAYERS < 125  # the default leaves room below Docker's limit
         probe = await host.step(
             episode_id=current,
             action=tool("shell.exec", command="id -u; echo $HOME; ls /workspace | wc -l; cat /etc/softprobe/tools.json | head -c 1"),

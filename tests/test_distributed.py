@@ -19,10 +19,9 @@ from helpers import require_extra  # noqa: E402
 ray = require_extra("ray", "ray")
 Cluster = require_extra("ray.cluster_utils", "ray").Cluster
 
-from helpers import SUPPORT_DESK, tool  # noqa: E402
+from helpers import SUPPORT_DESK, owned_by_process, tool  # noqa: E402
 from softprobe.gym import create_host_environment, create_training_session  # noqa: E402
-from softprobe.gym import labels as L  # noqa: E402
-from softprobe.gym.distributed import DistributedHost, NodeLostError  # noqa: E402
+from softprobe.gym.distributed import DistributedHost, NodeLostError, RolloutFailedError, RolloutOutcome  # noqa: E402
 
 pytestmark = pytest.mark.docker
 
@@ -73,7 +72,7 @@ async def test_a_batch_across_nodes_matches_a_local_run(cluster, tmp_path):
     started = time.perf_counter()
     dist = await DistributedHost.connect(run_root=str(tmp_path / "dist"), image=SUPPORT_DESK)
     try:
-        remote = await dist.run_rollouts(specs, concurrency=8)
+        remote = [outcome.unwrap() for outcome in await dist.run_rollouts(specs, concurrency=8)]
         remote_s = time.perf_counter() - started
         assert len(set(dist.placements[s["episode_id"]] for s in specs)) == 2
     finally:
@@ -90,6 +89,23 @@ async def test_a_batch_across_nodes_matches_a_local_run(cluster, tmp_path):
     assert [r.trajectory_digest for r in remote] == [r.trajectory_digest for r in local]
     assert [r.total_reward for r in remote] == [r.total_reward for r in local] == [3.0] * 8
     print(f"\n[ray] 8 rollouts: local {local_s:.2f} s, two-node cluster {remote_s:.2f} s (incl. connect)")
+
+
+async def test_run_rollouts_returns_a_typed_outcome_naming_each_rollout_and_node(cluster, tmp_path):
+    specs = [{"episode_id": "fine", "actions": story("A-42")},
+             {"episode_id": "bad-action", "actions": [{"type": "teleport"}]}]
+    dist = await DistributedHost.connect(run_root=str(tmp_path), image=SUPPORT_DESK)
+    try:
+        fine, bad = await dist.run_rollouts(specs, concurrency=2)
+    finally:
+        await dist.close()
+    assert isinstance(fine, RolloutOutcome) and fine.ok and fine.error is None
+    assert fine.unwrap().episode_id == "fine" and fine.node_id == dist.placements["fine"]
+    assert not bad.ok and bad.result is None and isinstance(bad.error, RolloutFailedError)
+    assert bad.error.episode_id == "bad-action" and bad.error.node_id == bad.node_id == dist.placements["bad-action"]
+    assert str(bad.error).startswith(f"rollout 'bad-action' failed on node {bad.node_id[:12]}: InvalidActionError")
+    with pytest.raises(RolloutFailedError):
+        bad.unwrap()
 
 
 async def test_a_node_without_the_image_gets_it_shipped(cluster, tmp_path):
@@ -124,19 +140,19 @@ async def test_a_lost_node_fails_only_its_episodes_and_leaks_nothing(cluster, tm
     batch = asyncio.ensure_future(dist.run_rollouts(specs, concurrency=4))
     doomed_node = next(n for n in nodes if n.node_id in infos)
     doomed_pid = infos[doomed_node.node_id]["pid"]
-    owned = lambda pid: [c for c in client.containers.list(all=True, filters={"label": L.MANAGED})
-                         if c.labels.get(L.OWNER, "").split(":")[1:2] == [str(pid)]]
+    owned = lambda pid: owned_by_process(pid)[0]
     deadline = time.monotonic() + 120
     while len(owned(doomed_pid)) < 2:  # bounded poll: both of its rollouts are running
         assert time.monotonic() < deadline and not batch.done()
         await asyncio.sleep(0.2)
     the_cluster.remove_node(doomed_node)
-    results = await batch
-    lost = [r for r in results if isinstance(r, NodeLostError)]
-    finished = [r for r in results if not isinstance(r, BaseException)]
+    outcomes = await batch
+    lost = [o.error for o in outcomes if isinstance(o.error, NodeLostError)]
+    finished = [o.result for o in outcomes if o.ok]
     assert len(lost) == 2 and len(finished) == 2
     assert all(e.node_id == doomed_node.node_id and doomed_node.node_id[:12] in str(e) for e in lost)
     assert {dist.placements[e.episode_id] for e in lost} == {doomed_node.node_id}
+    assert all(o.node_id == doomed_node.node_id for o in outcomes if not o.ok)
     await dist.close()
     # A node comes back: its new host actor sweeps what the dead one left.
     nodes.append(the_cluster.add_node(num_cpus=1, resources={"docker": 1}))

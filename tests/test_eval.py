@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -11,13 +12,16 @@ import sys
 import time
 from pathlib import Path
 
-import docker
 import pytest
 
-from softprobe.gym import labels as L
+from helpers import owned_by_process
 from softprobe.gym.suite import SuiteError, load_suite
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "images" / "support-desk" / "examples"
+# The screenshot README.md shows. The browser test below saves its own where
+# SOFTPROBE_SCREENSHOT says (never here on its own: this folder is an image's build context).
+README_SCREENSHOT = EXAMPLES / "report.png"
+SCREENSHOT_SIZE = (1200, 1500)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -94,10 +98,7 @@ def test_an_interrupted_run_removes_its_containers_and_writes_partial_results(tm
     out = tmp_path / "out"
     child = subprocess.Popen([sys.executable, "-m", "softprobe.gym.cli", "eval", str(suite), "--out", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    client = docker.from_env()
-    owner = f"{os.uname().nodename}:{child.pid}:"
-    running = lambda: [c for c in client.containers.list(all=True, filters={"label": L.MANAGED})
-                       if c.labels.get(L.OWNER, "").startswith(owner)]
+    running = lambda: owned_by_process(child.pid)[0]
     deadline = time.monotonic() + 120
     while not (out / "tasks" / "slow-0.json").exists() or len(running()) < 2:  # bounded poll on state
         assert child.poll() is None and time.monotonic() < deadline, child.communicate()
@@ -108,7 +109,6 @@ def test_an_interrupted_run_removes_its_containers_and_writes_partial_results(tm
     assert running() == []
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["ran"] == 1 and summary["planned"] == 4
-    client.close()
 
 
 def test_suite_errors_point_at_lines(tmp_path):
@@ -165,6 +165,89 @@ def test_the_report_in_a_real_headless_browser(example_run, tmp_path):
         assert task in dom
     assert "Expected output to contain \"A-42\"" in dom or "Expected output to contain &quot;A-42&quot;" in dom
     shot = tmp_path / "report.png"
-    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1200,1500",
-                    f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True)
-    assert shot.stat().st_size > 20_000
+    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                    "--window-size={},{}".format(*SCREENSHOT_SIZE), f"--screenshot={shot}", url],
+                   capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 20_000 and png_size(shot) == SCREENSHOT_SIZE
+    if os.environ.get("SOFTPROBE_SCREENSHOT"):
+        shutil.copyfile(shot, os.environ["SOFTPROBE_SCREENSHOT"])
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    import struct
+
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", header[16:24])
+
+
+def test_the_readme_does_not_claim_a_test_makes_its_screenshot():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    shown = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", readme)
+    assert [(README_SCREENSHOT.parents[3] / p).resolve() for p in shown] == [README_SCREENSHOT]
+    assert "screenshot is taken by the project's own headless-Chromium test" not in readme
+    assert "nothing regenerates it" in readme and "SOFTPROBE_SCREENSHOT=path" in readme
+    assert png_size(README_SCREENSHOT) == SCREENSHOT_SIZE  # the size the browser test takes
+
+
+def test_a_repeated_task_id_points_at_the_repeat_not_at_line_1(tmp_path):
+    suite = tmp_path / "dup.yaml"
+    suite.write_text(
+        "name: x\n"
+        "tasks:\n"
+        "  - id: one\n"
+        "    actions: [{type: terminate}]\n"
+        "  - id: two\n"
+        "    actions: [{type: terminate}]\n"
+        "  - id: one\n"
+        "    actions: [{type: terminate}]\n"
+    )
+    with pytest.raises(SuiteError) as caught:
+        load_suite(suite)
+    message = str(caught.value)
+    assert f"{suite}:7: tasks.2.id: task ids must be unique: 'one' is already the id of tasks.0 (line 3)" in message
+    assert f"{suite}:1:" not in message
+
+
+def test_summary_counts_are_disjoint_and_add_up_to_the_plan():
+    from softprobe.gym.eval_runner import TaskResult, _summary
+    from softprobe.gym.suite import Suite
+
+    def result(task_id: str, passed: bool, error: str | None) -> TaskResult:
+        return TaskResult(id=task_id, passed=passed, score=1.0 if passed else 0.0, reason="", error=error,
+                          reward_total=0.0, rewards=[], steps=1, duration_ms=1.0, trajectory_digest=None,
+                          source_trace_id=None, artifacts=None, assertions=[])
+
+    suite = Suite.model_validate({"tasks": [{"id": "t", "actions": []}]})
+    results = [result("ok", True, None), result("wrong", False, None), result("crashed", False, "SandboxError: gone"),
+               result("bad-assertion", False, "unknown assertion type")]
+    summary = _summary(suite, results, 6, 1.0, True, "native")
+    counts = {k: summary[k] for k in ("planned", "ran", "passed", "failed", "errored", "skipped")}
+    assert counts == {"planned": 6, "ran": 4, "passed": 1, "failed": 1, "errored": 2, "skipped": 2}
+    assert counts["passed"] + counts["failed"] + counts["errored"] + counts["skipped"] == counts["planned"]
+    assert summary["pass_rate"] == 0.25
+
+
+@pytest.mark.docker
+def test_preflight_refuses_a_suite_that_cannot_run_before_writing_anything(tmp_path, docker_engine):
+    suite = tmp_path / "broken.yaml"
+    suite.write_text(
+        "name: broken\n"
+        "image: softprobe/absent:never\n"
+        "seed: ./no-such-folder\n"
+        "tasks:\n"
+        "  - id: a\n"
+        "    seed: ./also-missing\n"
+        "    actions: [{type: terminate}]\n"
+        "  - id: b\n"
+        "    policy: no_such_policy_module:act\n"
+    )
+    out = tmp_path / "out"
+    done = run_eval(str(suite), "--out", str(out))
+    assert done.returncode == 2, done.stderr
+    assert f"{suite}:2: image: 'softprobe/absent:never' is not on this Docker engine" in done.stderr
+    assert f"{suite}:3: seed: the seed folder {tmp_path / 'no-such-folder'} does not exist" in done.stderr
+    assert f"{suite}:6: tasks.0.seed: the seed folder {tmp_path / 'also-missing'} does not exist" in done.stderr
+    assert f"{suite}:9: tasks.1.policy:" in done.stderr and "no_such_policy_module" in done.stderr
+    assert "seed_root" not in done.stderr
+    assert not out.exists()  # not even empty runs/ or tasks/ folders

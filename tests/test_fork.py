@@ -14,9 +14,11 @@ from softprobe.gym import (
     EpisodeState,
     ForkRequestError,
     ReplayDivergenceError,
+    SubjectStateError,
     UnsupportedForkError,
     check_host,
     create_host_environment,
+    create_training_session,
 )
 from softprobe.gym import labels as L
 
@@ -258,3 +260,69 @@ async def test_check_host_reports_a_wrong_declaration(host):
     assert failed.name == "deterministic_prefix_reexecution"
     assert "is declared, but replaying 1 actions failed" in failed.detail
     assert "FAIL" in str(report)
+
+
+async def test_a_fork_starts_from_the_parents_own_seed_and_keeps_its_step_limit(tmp_path, seed_root, docker_engine):
+    own_seed = tmp_path / "own-seed"
+    own_seed.mkdir()
+    (own_seed / "ticket.md").write_text("the parent's own seed, not the host's\n")
+    async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, image=SUPPORT_DESK) as host:
+        await host.create_episode(episode_id="parent", seed_root=own_seed, max_steps=3)
+        await host.reset(episode_id="parent")
+        await host.step(episode_id="parent", action=tool("fs.write", path="note.md", content="x"))
+        child = await host.fork(episode_id="parent", path="prefix_reexecution", prefix_length=1)
+        read = await host.step(episode_id=child.episode_id, action=tool("fs.read", path="ticket.md"))
+        assert read.observation == "the parent's own seed, not the host's\n"
+        last = await host.step(episode_id=child.episode_id, action=tool("fs.list"))
+        assert last.index == 3 and last.truncated  # the parent's max_steps=3, not the host's None
+        # The same through a training session (how eval tasks with files/seed and Ray specs run).
+        session = await create_training_session(host, episode_id="trained", seed_root=own_seed, max_steps=2)
+        async for _ in session.rollout([tool("fs.read", path="ticket.md"), tool("fs.list")]):
+            pass
+        branch = await host.fork(episode_id="trained", path="prefix_reexecution", prefix_length=1)
+        again = await host.step(episode_id=branch.episode_id, action=tool("fs.read", path="ticket.md"))
+        assert again.observation.startswith("the parent's own seed") and again.truncated
+
+
+class BrokenSubject(Subject):
+    """A subject adapter whose export or import fails."""
+
+    def __init__(self, fail: str) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def export_state(self, episode_id: str) -> dict:
+        if self.fail == "export":
+            raise RuntimeError("the agent's memory store is down")
+        return super().export_state(episode_id)
+
+    async def import_state(self, episode_id: str, state: dict) -> None:
+        if self.fail == "import":
+            raise RuntimeError("the agent refused the state")
+        await super().import_state(episode_id, state)
+
+
+async def test_a_failing_subject_export_commits_nothing_and_raises_a_typed_error(tmp_path, seed_root, docker_engine):
+    client = docker.from_env()
+    async with create_host_environment(run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK,
+                                       capabilities=ALL_CAPS, subject=BrokenSubject("export")) as host:
+        episode_id = await ready(host, "parent")
+        with pytest.raises(SubjectStateError, match="export_state raised RuntimeError: the agent's memory store is down"):
+            await host.checkpoint(episode_id=episode_id)
+        assert client.images.list(filters={"label": f"{L.HOST}={host.host_id}"}) == []
+        assert not (host.run_root / "episodes" / episode_id / "checkpoints").exists()
+        still = await host.step(episode_id=episode_id, action=tool("fs.read", path="hello.txt"))
+        assert still.error is None
+    client.close()
+
+
+async def test_a_failing_subject_import_removes_the_child_and_raises_a_typed_error(tmp_path, seed_root, docker_engine):
+    async with create_host_environment(run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK,
+                                       capabilities=ALL_CAPS, subject=BrokenSubject("import")) as host:
+        episode_id = await ready(host, "parent")
+        ckpt = await host.checkpoint(episode_id=episode_id)
+        with pytest.raises(SubjectStateError, match="import_state raised RuntimeError"):
+            await host.fork(episode_id=episode_id, path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id,
+                            child_episode_id="kid")
+        with pytest.raises(EpisodeNotFoundError):
+            host.state(episode_id="kid")

@@ -44,6 +44,9 @@ async def test_grade_reports_each_finished_episode_and_exits_by_outcome(tmp_path
     results = [json.loads(line) for line in as_json.stdout.splitlines()]
     assert [(r["attempt_id"], r["passed"]) for r in results] == [("good", True), ("session-run", False)]
     assert results[1]["source_trace_id"] and results[0]["trajectory_digest"].startswith("sha256:")
+    # An episode outside a session is graded under the trace id its own records carry.
+    recorded = json.loads((run_root / "episodes" / "good" / "result.json").read_text())["source_trace_id"]
+    assert results[0]["source_trace_id"] == recorded
 
     spec.write_text("- type: contains\n  value: A-\n")
     assert run_grade(str(run_root), "--assert", str(spec)).returncode == 0

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import docker
 import pytest
 
-from helpers import SUPPORT_DESK, ready, tool
+from helpers import SUPPORT_DESK, ready, this_process, tool
 from softprobe.gym import (
     CapabilityError,
     EpisodeBrokenError,
@@ -108,17 +109,16 @@ async def test_checkpoint_without_the_capability_commits_nothing(tmp_path, docke
     async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, capabilities=caps) as host:
         episode_id = await ready(host)
         client = docker.from_env()
-        before = len(client.images.list(filters={"label": L.CHECKPOINT}))
         with pytest.raises(CapabilityError, match="environment_checkpoint"):
             await host.checkpoint(episode_id=episode_id)
-        assert len(client.images.list(filters={"label": L.CHECKPOINT})) == before
+        assert client.images.list(filters={"label": f"{L.HOST}={host.host_id}"}) == []
         client.close()
 
 
 async def test_a_container_killed_from_outside_breaks_the_episode_until_reset(host):
     episode_id = await ready(host)
     client = docker.from_env()
-    (container,) = client.containers.list(filters={"label": f"{L.EPISODE}={episode_id}"})
+    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={episode_id}"))
     container.kill()
     client.close()
     with pytest.raises(EpisodeBrokenError, match="reset"):
@@ -134,7 +134,7 @@ async def test_other_episodes_keep_working_when_one_breaks(host):
     doomed = await ready(host, "doomed")
     healthy = await ready(host, "healthy")
     client = docker.from_env()
-    (container,) = client.containers.list(filters={"label": f"{L.EPISODE}={doomed}"})
+    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={doomed}"))
     container.kill()
     client.close()
     with pytest.raises(EpisodeBrokenError):
@@ -142,3 +142,38 @@ async def test_other_episodes_keep_working_when_one_breaks(host):
     ok = await host.step(episode_id=healthy, action=tool("fs.read", path="hello.txt"))
     assert ok.error is None
     await host.destroy(episode_id=doomed)
+
+
+async def test_every_episode_has_a_trace_id_on_each_step_and_in_its_result(host):
+    episode_id = "traced"
+    await host.create_episode(episode_id=episode_id)
+    first = await host.reset(episode_id=episode_id)
+    assert re.fullmatch(r"[0-9a-f]{32}", first.source_trace_id)
+    await host.step(episode_id=episode_id, action=tool("fs.list"))
+    again = await host.reset(episode_id=episode_id)  # a new attempt, a new trace
+    assert again.source_trace_id != first.source_trace_id
+    await host.step(episode_id=episode_id, action=tool("fs.read", path="hello.txt"))
+    await host.step(episode_id=episode_id, action={"type": "terminate"})
+    done = await host.finalize(episode_id=episode_id)
+    lines = [json.loads(line) for line in done.trajectory_path.read_text().splitlines()]
+    assert [line["source_trace_id"] for line in lines] == [again.source_trace_id] * 2
+    assert json.loads(done.result_path.read_text())["source_trace_id"] == again.source_trace_id
+
+
+async def test_a_broken_episode_is_finalized_with_what_the_host_knows(host):
+    episode_id = await ready(host, "doomed")
+    await host.step(episode_id=episode_id, action=tool("fs.write", path="a.txt", content="A"))
+    client = docker.from_env()
+    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={episode_id}"))
+    container.kill()
+    client.close()
+    with pytest.raises(EpisodeBrokenError) as caught:
+        await host.step(episode_id=episode_id, action=tool("fs.list"))
+    done = await host.finalize(episode_id=episode_id)
+    assert done.broken == caught.value.reason and done.workspace_path is None and done.steps == 1
+    saved = json.loads(done.result_path.read_text())
+    assert saved["broken"] == caught.value.reason and saved["workspace_path"] is None
+    lines = [json.loads(line) for line in done.trajectory_path.read_text().splitlines()]
+    assert [(line["index"], line["action"]["name"]) for line in lines] == [(1, "fs.write")]
+    assert not (done.episode_dir / "workspace").exists()
+    assert host.state(episode_id=episode_id).value == "finalized"

@@ -141,3 +141,24 @@ def test_bad_host_configuration_is_refused_up_front(tmp_path):
         create_host_environment(run_root=tmp_path, capabilities={"teleport": True})
     with pytest.raises(ConfigurationError, match="memory"):
         create_host_environment(run_root=tmp_path, container={"memory": 10})
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("tool_timeout_s", "5", "tool_timeout_s: Input should be a valid number (got '5')"),
+        ("max_steps", "3", "max_steps: Input should be a valid integer (got '3')"),
+        ("output_cap_bytes", "big", "output_cap_bytes: Input should be a valid integer (got 'big')"),
+        ("image", 123, "image: Input should be a valid string (got 123)"),
+        ("max_steps", True, "max_steps: Input should be a valid integer (got True)"),
+        ("max_containers", True, "max_containers: Input should be a valid integer (got True)"),
+        ("pool_size", 1.5, "pool_size: Input should be a valid integer (got 1.5)"),
+        ("sweep_on_start", "no", "sweep_on_start: Input should be a valid boolean (got 'no')"),
+        ("on_step", "hook", "on_step: Input should be callable (got 'hook')"),
+        ("workspace_tracking", "mmap", "workspace_tracking: Input should be 'inotify' or 'scan'"),
+    ],
+)
+def test_a_wrong_typed_option_is_a_configuration_error_naming_it(tmp_path, option, value, message):
+    with pytest.raises(ConfigurationError) as caught:
+        create_host_environment(run_root=tmp_path, **{option: value})
+    assert message in str(caught.value)

@@ -7,7 +7,7 @@ import os
 import docker
 import pytest
 
-from helpers import SUPPORT_DESK, ready, tool
+from helpers import SUPPORT_DESK, ready, this_process, tool
 from softprobe.gym import create_host_environment
 from softprobe.gym import labels as L
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.docker
 def inspect(episode_id: str) -> dict:
     client = docker.from_env()
     try:
-        (container,) = client.containers.list(filters={"label": f"{L.EPISODE}={episode_id}"})
+        (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={episode_id}"))
         return container.attrs
     finally:
         client.close()

@@ -1,8 +1,11 @@
 """SECURITY.md, row by row: what an episode container withstands with the default settings.
 
 "Survives" means: a clear typed error or a truthful observation, the host and every other
-episode keep working, nothing leaks, and the next step or reset works. Rows 12, 13, 16 and 18 also
-have deeper tests elsewhere (named in each row's docstring).
+episode keep working, nothing leaks, and the next step or reset works. Rows 12, 13 and 16 also
+have deeper tests elsewhere (named in each row's docstring). Row 18 (deep checkpoint chains) is
+tested only in test_checkpoint_depth.py, against the real engine: a fast test that flattens at a
+lowered threshold and keeps the world, and a slow one of 135 generations at the default threshold
+(a row here could only have restated the constant).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import docker
 import pytest
 
 from faulty_docker import FaultyDockerProxy
-from helpers import SUPPORT_DESK, processes, ready, tool
+from helpers import SUPPORT_DESK, owned_by_process, processes, ready, this_process, tool
 from softprobe.gym import EpisodeBrokenError, create_host_environment
 from softprobe.gym import labels as L
 
@@ -37,7 +40,7 @@ def py(code: str) -> dict:
 
 def container_of(episode_id: str) -> docker.models.containers.Container:
     client = docker.from_env()
-    (container,) = client.containers.list(all=True, filters={"label": f"{L.EPISODE}={episode_id}"})
+    (container,) = client.containers.list(all=True, filters=this_process(f"{L.EPISODE}={episode_id}"))
     return container
 
 
@@ -261,7 +264,7 @@ async def test_row_15_the_shim_or_container_dies_mid_step(host):
         with pytest.raises(EpisodeBrokenError, match="broken"):
             await asyncio.wait_for(step, 20)
         await host.destroy(episode_id=episode_id)
-        assert client.containers.list(all=True, filters={"label": f"{L.EPISODE}={episode_id}"}) == []
+        assert client.containers.list(all=True, filters=this_process(f"{L.EPISODE}={episode_id}")) == []
     client.close()
 
 
@@ -301,13 +304,10 @@ async def test_row_16_a_sigkilled_host_leaves_nothing_gc_cannot_find(tmp_path, h
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     child.stdout.close(), child.stderr.close()
-    owner = f"{os.uname().nodename}:{child.pid}:"
-    client = docker.from_env()
-    mine = lambda: [c for c in client.containers.list(all=True, filters={"label": L.MANAGED}) if c.labels.get(L.OWNER, "").startswith(owner)]
+    mine = lambda: owned_by_process(child.pid)[0]
     assert len(mine()) == 3
     done = subprocess.run([sys.executable, "-m", "softprobe.gym.cli", "gc"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and mine() == []
-    client.close()
 
 
 async def test_row_17_transient_docker_errors_are_retried_and_actions_never_twice(tmp_path, docker_engine):
@@ -323,10 +323,3 @@ async def test_row_17_transient_docker_errors_are_retried_and_actions_never_twic
             assert count.observation.strip() == "3"  # no action ran twice
             done = await host.finalize(episode_id=episode_id)
             assert proxy.failed == 5 and (done.workspace_path / "counter.txt").read_text() == "ran\n" * 3
-
-
-async def test_row_18_hundreds_of_generations_flatten_before_the_limit():
-    """Deeper: test_checkpoint_depth.py runs 135 checkpoint -> fork generations (slow)."""
-    from softprobe.gym.sandbox.docker_backend import FLATTEN_AT_LAYERS
-
-    assert FLATTEN_AT_LAYERS < 125

@@ -10,6 +10,7 @@ import pytest
 from helpers import SUPPORT_DESK, tool
 from softprobe.gym import (
     RewardComponent,
+    LifecycleError,
     RewardError,
     create_host_environment,
     create_training_session,
@@ -183,3 +184,51 @@ async def test_reward_aggregate_is_configurable(host):
     session = create_training_session(host, reward_from=facts, reward_aggregate=lambda cs: -len(cs))
     events = await collect(session, [tool("fs.list")])
     assert events[1].step_result.reward == -2.0
+
+
+async def test_leaving_a_rollout_early_releases_the_session_at_once(host):
+    session = await create_training_session(host, episode_id="early-exit")
+    async for event in session.rollout(STORY):
+        assert event.type == "reset"
+        break  # the iterator is dropped here: the session is free again at once
+    events = await collect(session, STORY)
+    assert [e.type for e in events] == ["reset", "step", "step", "step", "terminated"]
+
+    kept = session.rollout(STORY)  # a reference we keep: aclose() releases it
+    assert (await kept.__anext__()).type == "reset"
+    with pytest.raises(LifecycleError, match="one rollout at a time"):
+        await session.rollout(STORY).__anext__()
+    await kept.aclose()
+    await kept.aclose()  # idempotent
+    assert [e.type async for e in kept] == []
+    assert (await collect(session, STORY))[-1].reason == "terminate_action"
+
+
+async def test_each_step_is_written_whole_with_rewards_and_trace_id_as_it_completes(host):
+    session = await create_training_session(host, episode_id="logged", reward_from=note_facts)
+    log = host.run_root / "episodes" / "logged" / "trajectory.jsonl"
+    async for event in session.rollout(STORY):
+        if event.type == "step":  # read the log before the session finalizes anything
+            line = json.loads(log.read_text().splitlines()[-1])
+            assert line["index"] == event.step_result.index
+            assert line["reward_components"] == [c.model_dump() for c in event.step_result.reward_components] != []
+            assert line["reward"] == event.step_result.reward
+            assert line["source_trace_id"] == session.source_trace_id
+
+
+async def test_a_step_whose_hook_raised_is_recorded_alike_by_the_session_and_the_host(tmp_path, docker_engine):
+    from softprobe.gym import OnStepHookError
+
+    def hook(ctx):
+        if ctx.result.index == 2:
+            raise RuntimeError("hook broke")
+        return {"workspace_had_note": False}
+
+    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, on_step=hook) as host:
+        session = await create_training_session(host, episode_id="hooked", reward_from=note_facts)
+        with pytest.raises(OnStepHookError, match="hook broke"):
+            await collect(session, STORY)
+        result = await session.finalize()
+        logged = (host.run_root / "episodes" / "hooked" / "trajectory.jsonl").read_text().splitlines()
+        assert [s.index for s in result.steps] == [1, 2]
+        assert [json.loads(s.model_dump_json()) for s in result.steps] == [json.loads(line) for line in logged]

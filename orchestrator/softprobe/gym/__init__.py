@@ -26,6 +26,7 @@ from .errors import (
     SandboxLostError,
     SandboxStartError,
     SplitError,
+    SubjectStateError,
     UnsafeArchiveError,
     UnsupportedForkError,
 )
@@ -48,6 +49,7 @@ from .results import (
 from .rewards import Check, Facts, RewardContext, RewardTracker, map_reward_components
 from .session import (
     ResetEvent,
+    Rollout,
     RolloutResult,
     StepEvent,
     TerminatedEvent,
@@ -98,11 +100,13 @@ __all__ = [
     "RewardContext",
     "RewardError",
     "RewardTracker",
+    "Rollout",
     "RolloutResult",
     "SandboxError",
     "SandboxLostError",
     "SandboxStartError",
     "SplitError",
+    "SubjectStateError",
     "StepContext",
     "StepError",
     "StepEvent",

@@ -143,8 +143,8 @@ def _parser() -> argparse.ArgumentParser:
             "(promptfoo's own result JSON), both linked from the report. A task whose rollout "
             "broke is not graded: its status is subject_error and it has no score. Ctrl-C stops launching, "
             "destroys running episodes' containers and writes partial results. Exit code 0 when "
-            "all tasks pass, 1 when some fail or err, 2 on a usage or infrastructure error, 130 when "
-            "interrupted."
+            "all tasks pass, 1 when some fail, error or did not run, 2 on a usage or "
+            "infrastructure error, 130 when interrupted."
         ),
     )
     evaluate.add_argument("suite", type=Path, metavar="SUITE.yaml")
@@ -262,8 +262,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     from softprobe.promptfoo_adapter import PromptfooAdapterError
 
-    from .eval_runner import run_suite
-    from .images import ensure_image
+    from .eval_runner import preflight_suite, run_suite
     from .suite import load_suite
 
     if args.concurrency is not None and args.concurrency < 1:
@@ -271,7 +270,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         return 2
     try:
         suite = load_suite(args.suite)
-        ensure_image(suite.image)
+        preflight_suite(suite)  # before anything is written
     except GymError as err:
         print(f"softprobe-gym: error: {err}", file=sys.stderr)
         return 2
@@ -308,8 +307,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     )
     if outcome.interrupted:  # type: ignore[attr-defined]
         return 130
-    clean = summary["failed"] == 0 and summary["errored"] == 0
-    return 0 if clean and summary["ran"] == summary["planned"] else 1
+    return 0 if summary["passed"] == summary["planned"] else 1
 
 
 class _progress_display:

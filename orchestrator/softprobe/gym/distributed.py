@@ -9,7 +9,8 @@ node and routes every later call to the actor that owns the episode.
 When a node lacks the seed image (by image id), the driver ships it once: ``docker save`` ->
 Ray object store -> ``docker load``. A node that dies fails only its own episodes, each with
 :class:`NodeLostError` naming the node; a new actor on that node sweeps the containers the dead
-one left (by label) on its first call.
+one left (by label) on its first call. :meth:`DistributedHost.run_rollouts` returns a
+:class:`RolloutOutcome` per rollout: a result, or a typed error naming the rollout and its node.
 """
 
 from __future__ import annotations
@@ -34,6 +35,50 @@ class NodeLostError(GymError):
         super().__init__(f"node {node_id[:12]} was lost{where}: {detail}")
         self.node_id = node_id
         self.episode_id = episode_id
+        self.detail = detail
+
+
+class RolloutFailedError(GymError):
+    """A rollout of :meth:`DistributedHost.run_rollouts` raised on its node (its node was not
+    lost: that is :class:`NodeLostError`). The original exception is the ``__cause__``.
+
+    Attributes:
+        episode_id: the rollout's episode.
+        node_id: the node it ran on (``None`` if no node was left to run it).
+    """
+
+    def __init__(self, episode_id: str, node_id: str | None, cause: BaseException) -> None:
+        where = f"on node {node_id[:12]}" if node_id else "before any node took it"
+        super().__init__(f"rollout {episode_id!r} failed {where}: {type(cause).__name__}: {cause}")
+        self.episode_id = episode_id
+        self.node_id = node_id
+        self.__cause__ = cause
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """One rollout of :meth:`DistributedHost.run_rollouts`: its result, or why it has none.
+
+    Exactly one of ``result`` and ``error`` is set. ``error`` is a :class:`NodeLostError` when
+    the rollout's node died, else a :class:`RolloutFailedError` carrying what was raised.
+    """
+
+    episode_id: str
+    node_id: str | None  # where it ran (or was placed)
+    result: RolloutResult | None = None
+    error: NodeLostError | RolloutFailedError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the rollout finished (``result`` is set)."""
+        return self.error is None
+
+    def unwrap(self) -> RolloutResult:
+        """The result, or raise the rollout's ``error``."""
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
 
 
 @ray.remote(num_cpus=0, resources={"docker": 1})
@@ -89,11 +134,12 @@ class HostActor:
             host, episode_id=spec["episode_id"], reward_from=spec.get("reward_from"),
             max_steps=spec.get("max_steps"), seed_root=seed_root,
         )
-        async for _ in session.rollout(spec["actions"]):
-            pass
-        result = await session.finalize()
-        await host.destroy(episode_id=spec["episode_id"])
-        return result
+        try:
+            async for _ in session.rollout(spec["actions"]):
+                pass
+            return await session.finalize()
+        finally:  # a failed rollout's container goes at once too, not when the actor closes
+            await host.destroy(episode_id=spec["episode_id"])
 
     async def close(self) -> None:
         if self._host is not None:
@@ -248,26 +294,45 @@ class DistributedHost:
         node = self._owner.pop(episode_id)
         node.episodes.discard(episode_id)
 
-    async def run_rollouts(self, specs: list[dict[str, Any]], *, concurrency: int = 8) -> list[RolloutResult | BaseException]:
-        """Run training rollouts across the nodes (``spec``: episode_id, actions or a policy,
-        optional reward_from, max_steps and seed_files {relative path: bytes}); results in
-        ``specs`` order. Functions travel by cloudpickle: they must be importable on the nodes or
-        registered with ``ray.cloudpickle.register_pickle_by_value``. A rollout whose node is lost is a
-        :class:`NodeLostError` in its place; the others go on."""
+    async def run_rollouts(self, specs: list[dict[str, Any]], *, concurrency: int = 8) -> list[RolloutOutcome]:
+        """Run training rollouts across the nodes, at most ``concurrency`` at once.
+
+        Each spec has ``episode_id``, ``actions`` (a list or a policy), and optionally
+        ``reward_from``, ``max_steps`` and ``seed_files`` ({relative path: bytes}). Functions
+        travel by cloudpickle: they must be importable on the nodes or registered with
+        ``ray.cloudpickle.register_pickle_by_value``.
+
+        Returns:
+            one :class:`RolloutOutcome` per spec, in ``specs`` order: its ``result``, or an
+            ``error`` naming the rollout and its node: :class:`NodeLostError` if the node died,
+            :class:`RolloutFailedError` if the rollout raised. One failure never stops the others.
+        """
         limit = asyncio.Semaphore(concurrency)
 
-        async def one(spec: dict[str, Any]) -> RolloutResult:
+        async def one(spec: dict[str, Any]) -> RolloutOutcome:
+            episode_id = spec["episode_id"]
+            node: _Node | None = None
             async with limit:
-                node = self._least_loaded()
-                node.episodes.add(spec["episode_id"])  # counted before any await: fair placement
-                self.placements[spec["episode_id"]] = node.node_id
-                await self._ship_image(node)
                 try:
-                    return await self._on(node, spec["episode_id"], node.actor.rollout.remote(spec))
-                finally:
-                    node.episodes.discard(spec["episode_id"])
+                    node = self._least_loaded()
+                    node.episodes.add(episode_id)  # counted before any await: fair placement
+                    self.placements[episode_id] = node.node_id
+                    try:
+                        await self._ship_image(node)
+                        result = await self._on(node, episode_id, node.actor.rollout.remote(spec))
+                    finally:
+                        node.episodes.discard(episode_id)
+                except NodeLostError as err:
+                    if err.episode_id != episode_id:  # lost while its image was shipped
+                        err = NodeLostError(err.node_id, episode_id, err.detail)
+                    return RolloutOutcome(episode_id, err.node_id, error=err)
+                except Exception as err:  # one rollout's failure is its outcome; the others go on
+                    cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the node's exception
+                    node_id = node.node_id if node is not None else None
+                    return RolloutOutcome(episode_id, node_id, error=RolloutFailedError(episode_id, node_id, cause))
+            return RolloutOutcome(episode_id, node.node_id, result=result)
 
-        return list(await asyncio.gather(*(one(spec) for spec in specs), return_exceptions=True))
+        return list(await asyncio.gather(*(one(spec) for spec in specs)))
 
     async def close(self) -> None:
         """Close every node's host (its containers go) and stop the actors."""

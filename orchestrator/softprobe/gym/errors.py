@@ -52,7 +52,8 @@ class LifecycleError(GymError):
 
 
 class EpisodeBrokenError(GymError):
-    """The episode's container or shim died or stopped answering; ``reset`` or ``destroy`` it."""
+    """The episode's container or shim died or stopped answering; ``reset`` or ``destroy`` it
+    (``finalize`` records what the host knows: the trajectory and this reason, no workspace)."""
 
     def __init__(self, episode_id: str, reason: str) -> None:
         super().__init__(
@@ -69,6 +70,12 @@ class OnStepHookError(GymError):
     def __init__(self, message: str, step_result: object) -> None:
         super().__init__(message)
         self.step_result = step_result
+
+
+class SubjectStateError(GymError):
+    """The subject adapter's ``export_state`` (during ``checkpoint``) or ``import_state`` (during a
+    ``checkpoint_import`` fork) raised. Nothing was kept: no checkpoint image, no child episode.
+    The original exception is the ``__cause__``."""
 
 
 class SandboxError(GymError):
@@ -175,6 +182,7 @@ __all__ = [
     "SandboxLostError",
     "SandboxStartError",
     "SplitError",
+    "SubjectStateError",
     "UnsafeArchiveError",
     "UnsupportedForkError",
 ]

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+import docker.errors
 from pydantic import BaseModel
 
 from .errors import GymError
@@ -27,7 +28,7 @@ from .export import trajectory_steps
 from .host import create_host_environment
 from .session import RolloutResult, create_training_session
 from .splits import assert_no_leakage, partition_train_eval
-from .suite import Suite, Task
+from .suite import Suite, SuiteError, Task
 
 
 class TaskRecord(BaseModel):
@@ -86,6 +87,53 @@ def select_tasks(suite: Suite) -> list[Task]:
     return [t for t in suite.tasks if t.id in chosen]
 
 
+def preflight_suite(suite: Suite) -> None:
+    """Check what every task needs before any of them runs, and before anything is written.
+
+    The seed image must be on the Docker engine (the project's own images are built if
+    missing), every ``seed`` folder must exist, and every ``policy`` must import.
+
+    Raises:
+        SuiteError: one ``FILE:LINE: field: problem`` line per problem found, named as the suite
+            file names it.
+        DockerUnavailableError / ImageBuildError: no engine answers, or building failed.
+    """
+    from .images import ensure_image
+    from .sandbox.docker_backend import connect_docker
+
+    problems = []
+    folders: list[tuple[tuple[str | int, ...], Path | None]] = [(("seed",), suite.seed)]
+    folders += [(("tasks", i, "seed"), task.seed) for i, task in enumerate(suite.tasks)]
+    for loc, folder in folders:
+        resolved = suite.resolve(folder)
+        if resolved is not None and not resolved.is_dir():
+            what = "does not exist" if not resolved.exists() else "is not a folder"
+            problems.append(f"{suite.where(*loc)}: {_dotted(loc)}: the seed folder {resolved} {what}")
+    for i, task in enumerate(suite.tasks):
+        if task.policy is not None:
+            try:
+                suite.policy(task)
+            except SuiteError as err:
+                problems.append(f"{suite.where('tasks', i, 'policy')}: tasks.{i}.policy: {err}")
+    ensure_image(suite.image, log=lambda line: print(line, file=sys.stderr))
+    client = connect_docker()
+    try:
+        client.images.get(suite.image)
+    except docker.errors.ImageNotFound:
+        problems.append(
+            f"{suite.where('image')}: image: {suite.image!r} is not on this Docker engine; build or "
+            "pull it, or name an image the engine has"
+        )
+    finally:
+        client.close()
+    if problems:
+        raise SuiteError("the suite cannot run; nothing was started or written:\n" + "\n".join(problems))
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
 def _fingerprint(task: Task) -> str:
     content = task.model_dump(mode="json", exclude={"id"}, by_alias=True)
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
@@ -104,9 +152,11 @@ async def run_suite(
     """Run ``suite`` into ``out``; see the module docstring.
 
     Raises:
+        SuiteError: :func:`preflight_suite` found a problem (nothing was run or written).
         GymError: infrastructure failed (Docker, the grader); partial outputs are still written.
     """
     started = time.perf_counter()
+    preflight_suite(suite)
     tasks = select_tasks(suite)
     records_dir = out / "tasks"
     records_dir.mkdir(parents=True, exist_ok=True)
@@ -220,9 +270,10 @@ async def _run_one_on_ray(dist: Any, suite: Suite, task: Task, reward_from: Any)
         "seed_files": _seed_files(suite, task),
     }
     (outcome,) = await dist.run_rollouts([spec], concurrency=1)
-    if isinstance(outcome, BaseException):
-        return TaskRecord(id=task.id, ok=False, error=f"{type(outcome).__name__}: {outcome}", duration_ms=_ms(started))
-    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=outcome.model_dump(mode="json"))
+    if outcome.error is not None:
+        error = f"{type(outcome.error).__name__}: {outcome.error}"
+        return TaskRecord(id=task.id, ok=False, error=error, duration_ms=_ms(started))
+    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=outcome.unwrap().model_dump(mode="json"))
 
 
 async def _run_one(host: Any, suite: Suite, task: Task, out: Path, reward_from: Any) -> TaskRecord:
@@ -333,14 +384,18 @@ def _task_result(task: Task, record: TaskRecord, graded: Any, grading: dict[str,
 
 
 def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: float, interrupted: bool, backend: str) -> dict[str, Any]:
-    """Counts apart: ``passed`` + ``failed`` (graded) + ``errored`` (not graded) = ``ran``. Scores
-    are over graded tasks only: an errored task has no score and never counts as 0."""
+    """The counts are disjoint: a task that ran is ``errored`` when it was not graded (its rollout
+    or its grading failed: ``status`` is not ``succeeded`` and ``error`` says why), else
+    ``passed`` or ``failed``; a planned task that did not run (an interrupted run) is
+    ``skipped``. So ``planned = passed + failed + errored + skipped`` and
+    ``ran = passed + failed + errored``. Scores are over graded tasks only: an errored task has
+    no score and never counts as 0."""
     from softprobe.promptfoo_adapter import RESULT_STATUSES
 
     scores = [r.score for r in results if r.status == "succeeded" and r.score is not None]
     durations = [r.duration_ms for r in results]
-    passed = sum(r.passed for r in results)
-    errored = sum(r.status != "succeeded" for r in results)
+    errored = sum(r.status != "succeeded" or r.error is not None for r in results)
+    passed = sum(r.passed and r.status == "succeeded" and r.error is None for r in results)
     counts = {status: 0 for status in RESULT_STATUSES}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
@@ -353,6 +408,7 @@ def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: floa
         "passed": passed,
         "failed": len(results) - passed - errored,
         "errored": errored,
+        "skipped": planned - len(results),
         "status_counts": counts,
         "pass_rate": passed / len(results) if results else 0.0,
         "interrupted": interrupted,

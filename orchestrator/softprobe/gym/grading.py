@@ -58,8 +58,10 @@ def case_for(episode_dir: Path, assertions: list[dict[str, Any]], threshold: flo
         else:
             lines = (episode_dir / "trajectory.jsonl").read_text().splitlines()
             steps = [StepResult.model_validate_json(line) for line in lines if line.strip()]
-            final_output, digest, trace = final_output_of(episode_id, steps), trajectory_digest(steps), None
-            broke = False
+            result = json.loads((episode_dir / "result.json").read_text())
+            trace = result.get("source_trace_id")
+            final_output, digest = final_output_of(episode_id, steps), trajectory_digest(steps)
+            broke = result.get("broken") is not None
     except (OSError, ValueError, KeyError, ValidationError) as err:
         raise ConfigurationError(f"cannot read the records of {episode_dir}: {err}") from None
     return {
@@ -71,8 +73,8 @@ def case_for(episode_dir: Path, assertions: list[dict[str, Any]], threshold: flo
         "threshold": threshold,
         "steps": [s.model_dump() for s in trajectory_steps(steps)],
         "subject_failure": {"status": "subject_error", "reason": (
-            f"the rollout of {episode_id} stopped on an error (rollout.json: terminated_reason 'error'); "
-            "nothing was graded")} if broke else None,
+            f"the rollout of {episode_id} stopped on an error (its container broke, or rollout.json "
+            "says terminated_reason 'error'); nothing was graded")} if broke else None,
     }
 
 

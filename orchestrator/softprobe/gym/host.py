@@ -7,14 +7,13 @@ shim inside it. The host owns every episode's state machine and its folder under
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import Any, Awaitable, Callable
 
 from . import labels as L
 from .actions import TerminateAction, ToolAction, parse_action
@@ -26,15 +25,18 @@ from .errors import (
     EpisodeExistsError,
     EpisodeNotFoundError,
     ForkRequestError,
+    GymError,
     ForkVerificationError,
     LifecycleError,
     OnStepHookError,
     ReplayDivergenceError,
     SandboxError,
     SandboxLostError,
+    SubjectStateError,
 )
 from .fork import ForkLineage, ForkPath, ForkResult, check_fork_path, check_prefix_length
 from .hooks import OnStepHook, StepContext, call_hook
+from .host_options import HostOptions
 from .lifecycle import require
 from .pool import WarmPool
 from .results import (
@@ -70,6 +72,8 @@ class _Episode:
     lineage: ForkLineage | None = None
     max_steps: int | None = None  # overrides the host's limit
     seed_root: Path | None = None  # overrides the host's seed_root
+    # Names this attempt (renewed by every reset): in result.json and on every trajectory line.
+    source_trace_id: str = field(default_factory=lambda: secrets.token_hex(16))
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -239,6 +243,7 @@ class HostEnvironment:
             episode.sandbox = sandbox
             episode.steps = []
             episode.broken = None
+            episode.source_trace_id = secrets.token_hex(16)
             episode.initial_digest = sandbox.hello.workspace_digest
             episode.workspace_digest = sandbox.hello.workspace_digest
             episode.state = EpisodeState.READY
@@ -258,6 +263,7 @@ class HostEnvironment:
                     "shim_version": hello.shim_version,
                 },
                 tools=hello.tools,
+                source_trace_id=episode.source_trace_id,
                 duration_ms=_ms_since(started),
             )
 
@@ -281,6 +287,15 @@ class HostEnvironment:
             EpisodeBrokenError: the container or shim died or hung; ``reset`` or ``destroy`` it.
             OnStepHookError: the ``on_step`` hook raised (the step ran and is recorded).
         """
+        return await self._step(episode_id, action, score=None)
+
+    async def _step(
+        self, episode_id: str, action: object, *, score: Callable[[StepResult], Awaitable[None]] | None
+    ) -> StepResult:
+        """:meth:`step`, with ``score(result)`` (a training session's rewards) run before the
+        step's line is written, so ``trajectory.jsonl`` holds each step whole as it completes.
+        ``score`` is skipped when the hook raised; a GymError it raises (RewardError) is raised
+        after the step is recorded."""
         episode = self._get(episode_id)
         self._require_usable(episode, "step")
         parsed = parse_action(action)
@@ -313,8 +328,15 @@ class HostEnvironment:
                 truncated=truncated,
                 diagnostics=diagnostics,
                 error=error,
+                source_trace_id=episode.source_trace_id,
             )
             hook_error = await self._run_hook(episode, sandbox, parsed, result)
+            score_error: GymError | None = None
+            if score is not None and hook_error is None:
+                try:
+                    await score(result)
+                except GymError as err:
+                    score_error = err
             result.duration_ms = _ms_since(started)
             episode.steps.append(result)
             episode.store.append_step(result)
@@ -327,6 +349,8 @@ class HostEnvironment:
                 f"{episode_id!r} ran and is recorded; see .step_result)",
                 result,
             ) from hook_error
+        if score_error is not None:
+            raise score_error
         return result
 
     async def checkpoint(self, *, episode_id: str) -> CheckpointRecord:
@@ -338,6 +362,7 @@ class HostEnvironment:
         Raises:
             CapabilityError: ``environment_checkpoint`` was not declared (nothing is committed).
             LifecycleError / EpisodeBrokenError: the episode has no live container.
+            SubjectStateError: ``subject.export_state`` raised (nothing is committed).
         """
         episode = self._get(episode_id)
         if not self.capabilities.environment_checkpoint:
@@ -351,13 +376,21 @@ class HostEnvironment:
             assert episode.sandbox is not None
             checkpoint_id = f"ckpt-{uuid.uuid4().hex[:16]}"
             labels = self._labels(episode_id) | {L.CHECKPOINT: checkpoint_id}
+            # The subject first: if it fails, there is no image to clean up.
+            subject_state = None
+            if self._subject is not None:
+                try:
+                    subject_state = await _maybe_await(self._subject.export_state(episode_id))
+                except Exception as err:
+                    raise SubjectStateError(
+                        f"checkpoint of {episode_id!r}: subject.export_state raised "
+                        f"{type(err).__name__}: {err}. Nothing was committed; the episode goes on "
+                        "unchanged. Fix the subject adapter, then checkpoint again."
+                    ) from err
             # What is committed is described by a digest taken now, after a sweep, not by the
             # last step's (incremental) one.
             episode.workspace_digest = await episode.sandbox.rescan()
             image_id = await episode.sandbox.commit(labels=labels)
-            subject_state = None
-            if self._subject is not None:
-                subject_state = await _maybe_await(self._subject.export_state(episode_id))
             record = CheckpointRecord(
                 checkpoint_id=checkpoint_id,
                 episode_id=episode_id,
@@ -395,12 +428,14 @@ class HostEnvironment:
         to have the checkpoint's ``workspace_digest``.
 
         ``path="prefix_reexecution"`` (needs ``deterministic_prefix_reexecution``): the child
-        starts from the seed in a fresh container and re-executes the parent's first
+        starts from the parent's seed (its own ``seed_root`` if it had one) in a fresh container
+        and re-executes the parent's first
         ``prefix_length`` actions (counted since the parent's last reset). After each one its
         ``workspace_digest`` must equal the parent's at that step; with ``strict=True`` its
         observation and error too.
 
-        Every refusal happens before any container or image is created. The child records its
+        On either path the child inherits the parent's per-episode ``seed_root`` and
+        ``max_steps``. Every refusal happens before any container or image is created. The child records its
         lineage (``parent_episode_id``, ``branch_step``, ``path``, ``checkpoint_id``, the
         verified ``workspace_digest``) and returns it.
 
@@ -412,7 +447,8 @@ class HostEnvironment:
             ForkRequestError: an unknown checkpoint (or one of another episode), a prefix length
                 out of range, or a missing argument.
             ReplayDivergenceError: a replayed step gave a different world (the child is
-                destroyed); ForkVerificationError: a checkpoint's world did not come back whole.
+                destroyed); ForkVerificationError: a checkpoint's world did not come back whole;
+                SubjectStateError: ``subject.import_state`` raised (the child is destroyed).
             LifecycleError / EpisodeNotFoundError / EpisodeExistsError: as usual.
         """
         parent = self._get(episode_id)
@@ -432,7 +468,10 @@ class HostEnvironment:
             if checkpoint_id is not None:
                 raise ForkRequestError("prefix_reexecution takes prefix_length, not checkpoint_id")
             check_prefix_length(prefix_length, len(parent.steps))
-        handle = await self.create_episode(episode_id=child_episode_id)
+        # The child is the parent's episode again: same seed folder, same step limit.
+        handle = await self.create_episode(
+            episode_id=child_episode_id, max_steps=parent.max_steps, seed_root=parent.seed_root
+        )
         child = self._episodes[handle.episode_id]
         started = time.perf_counter()
         try:
@@ -473,8 +512,18 @@ class HostEnvironment:
                     f"{sandbox.hello.workspace_digest}, not {record.workspace_digest}: the "
                     "checkpoint did not capture the workspace (is it on a volume or tmpfs?)"
                 )
-            await _maybe_await(self._subject.import_state(child.episode_id, record.subject_state))
-            child.steps = [step.model_copy(update={"episode_id": child.episode_id}) for step in entry.steps]
+            try:
+                await _maybe_await(self._subject.import_state(child.episode_id, record.subject_state))
+            except Exception as err:
+                raise SubjectStateError(
+                    f"fork of {parent.episode_id!r} from {record.checkpoint_id}: subject.import_state "
+                    f"raised {type(err).__name__}: {err}. The child was removed; fix the subject "
+                    "adapter, then fork again."
+                ) from err
+            child.steps = [
+                step.model_copy(update={"episode_id": child.episode_id, "source_trace_id": child.source_trace_id})
+                for step in entry.steps
+            ]
             for step in child.steps:
                 child.store.append_step(step)
             child.initial_digest = entry.initial_digest
@@ -535,21 +584,26 @@ class HostEnvironment:
         Writes ``run_root/episodes/<id>/``: ``trajectory.jsonl`` (already appended per step),
         ``result.json`` and ``workspace/`` (extracted safely: no member may land outside it).
 
+        A broken episode (its container died: see :class:`EpisodeBrokenError`) is finalized
+        with what the host knows: its trajectory and ``broken`` (why it broke) are recorded,
+        and ``workspace_path`` is ``None`` (there is no workspace to collect).
+
         Raises:
             LifecycleError: the episode never ran, or is already finalized or destroyed.
-            EpisodeBrokenError: the container died, so its workspace cannot be collected.
             UnsafeArchiveError: the workspace archive held a member whose name escapes the
                 folder (links leading out and FIFOs are skipped instead: ``skipped_paths``).
         """
         episode = self._get(episode_id)
-        self._require_usable(episode, "finalize")
+        require(episode_id, episode.state, "finalize")
         async with episode.lock:
-            self._require_usable(episode, "finalize")
-            assert episode.sandbox is not None
+            require(episode_id, episode.state, "finalize")
             store = episode.store
             store.clear_workspace()
-            episode.workspace_digest = await episode.sandbox.rescan()  # exactly what is copied out
-            skipped = await episode.sandbox.copy_out("/workspace", store.dir)
+            skipped = []
+            if episode.broken is None:
+                assert episode.sandbox is not None
+                episode.workspace_digest = await episode.sandbox.rescan()  # exactly what is copied out
+                skipped = await episode.sandbox.copy_out("/workspace", store.dir)
             last = episode.steps[-1] if episode.steps else None
             final_output = (
                 last.action.output
@@ -564,10 +618,12 @@ class HostEnvironment:
                 final_output=final_output,
                 workspace_digest=episode.workspace_digest,
                 episode_dir=store.dir,
-                workspace_path=store.workspace_path,
+                workspace_path=store.workspace_path if episode.broken is None else None,
+                broken=episode.broken,
                 trajectory_path=store.trajectory_path,
                 result_path=store.result_path,
                 skipped_paths=skipped,
+                source_trace_id=episode.source_trace_id,
             )
             store.write_result(result.model_dump_json(indent=2))
             store.close_trajectory()
@@ -808,6 +864,7 @@ class HostEnvironment:
             "host_id": self.host_id,
             "checkpoints": list(episode.checkpoints),
             "lineage": episode.lineage.model_dump() if episode.lineage else None,
+            "source_trace_id": episode.source_trace_id,
         }
 
 
@@ -864,70 +921,48 @@ def create_host_environment(
             or ``"scan"`` (re-read the whole workspace after each process: exact, slower).
 
     Raises:
-        ConfigurationError: an argument is invalid (the message says which and why).
+        ConfigurationError: an argument is invalid or of the wrong type (checked by
+            :class:`~softprobe.gym.host_options.HostOptions`; the message names each option,
+            says why, and what it got). Numbers are not taken from strings, nor counts from
+            booleans.
     """
-    run_path = Path(run_root).expanduser().resolve()
+    options = HostOptions.parse(
+        run_root=run_root, seed_root=seed_root, image=image,
+        capabilities=Capabilities() if capabilities is None else capabilities,
+        on_step=on_step, subject=subject,
+        container=ContainerSettings() if container is None else container,
+        tool_timeout_s=tool_timeout_s, max_tool_timeout_s=max_tool_timeout_s,
+        output_cap_bytes=output_cap_bytes, max_steps=max_steps, docker_host=docker_host,
+        backend=backend, sweep_on_start=sweep_on_start, pool_size=pool_size,
+        max_containers=max_containers, workspace_tracking=workspace_tracking,
+    )
     try:
-        run_path.mkdir(parents=True, exist_ok=True)
+        options.run_root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigurationError(f"cannot create run_root {run_path}: {err.strerror}") from None
-    seed_path = None
-    if seed_root is not None:
-        seed_path = Path(seed_root).expanduser().resolve()
-        if not seed_path.is_dir():
-            raise ConfigurationError(f"seed_root {seed_path} is not a directory")
-    try:
-        caps = capabilities if isinstance(capabilities, Capabilities) else Capabilities(**(capabilities or {}))
-        settings = (
-            container
-            if isinstance(container, ContainerSettings)
-            else ContainerSettings(**(container or {}))
-        )
-    except (ValidationError, TypeError) as err:
-        raise ConfigurationError(f"invalid host configuration: {err}") from None
-    if caps.subject_state_import:
-        missing = [m for m in ("export_state", "import_state") if not callable(getattr(subject, m, None))]
-        if missing:
-            raise ConfigurationError(
-                "capabilities declare subject_state_import, so subject= must be an object with "
-                f"export_state(episode_id) and import_state(episode_id, state); missing: {', '.join(missing)}"
-            )
-    if not (0 < tool_timeout_s <= max_tool_timeout_s):
-        raise ConfigurationError("need 0 < tool_timeout_s <= max_tool_timeout_s")
-    if output_cap_bytes < 1024:
-        raise ConfigurationError("output_cap_bytes must be at least 1024")
-    if max_steps is not None and max_steps < 1:
-        raise ConfigurationError("max_steps must be at least 1")
-    if on_step is not None and not callable(on_step):
-        raise ConfigurationError("on_step must be callable")
-    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
-        raise ConfigurationError("pool_size must be an int >= 0")
-    if max_containers is not None and (not isinstance(max_containers, int) or max_containers < 1):
-        raise ConfigurationError("max_containers must be a positive int or None")
-    if workspace_tracking not in ("inotify", "scan"):
-        raise ConfigurationError("workspace_tracking must be 'inotify' or 'scan'")
+        raise ConfigurationError(f"cannot create run_root {options.run_root}: {err.strerror}") from None
+    backend = options.backend
     if backend is None:
         from .sandbox.docker_backend import DockerBackend
 
-        backend = DockerBackend(docker_host=docker_host)
-    backend.check_settings(settings)  # e.g. a runtime the engine lacks: refused now, not per reset
+        backend = DockerBackend(docker_host=options.docker_host)
+    backend.check_settings(options.container)  # e.g. a runtime the engine lacks: refused now
     return HostEnvironment(
-        run_root=run_path,
-        seed_root=seed_path,
-        image=image,
-        capabilities=caps,
-        on_step=on_step,
-        subject=subject,
-        container=settings,
-        tool_timeout_s=tool_timeout_s,
-        max_tool_timeout_s=max_tool_timeout_s,
-        output_cap_bytes=output_cap_bytes,
-        max_steps=max_steps,
+        run_root=options.run_root,
+        seed_root=options.seed_root,
+        image=options.image,
+        capabilities=options.capabilities,
+        on_step=options.on_step,
+        subject=options.subject,
+        container=options.container,
+        tool_timeout_s=options.tool_timeout_s,
+        max_tool_timeout_s=options.max_tool_timeout_s,
+        output_cap_bytes=options.output_cap_bytes,
+        max_steps=options.max_steps,
         backend=backend,
-        sweep_on_start=sweep_on_start,
-        pool_size=pool_size,
-        max_containers=max_containers,
-        workspace_tracking=workspace_tracking,
+        sweep_on_start=options.sweep_on_start,
+        pool_size=options.pool_size,
+        max_containers=options.max_containers,
+        workspace_tracking=options.workspace_tracking,
     )
 
 

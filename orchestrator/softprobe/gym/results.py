@@ -81,6 +81,7 @@ class ResetResult(BaseModel):
     observation: dict[str, Any]
     diagnostics: dict[str, Any]
     tools: list[ToolInfo]
+    source_trace_id: str = Field(description="this attempt's trace id (32 hex digits), on every step and in result.json")
     duration_ms: float
 
 
@@ -102,7 +103,8 @@ class StepResult(BaseModel):
             otherwise); ``None`` outside a training session.
         error: ``None``, or what the agent got wrong (the episode goes on).
         duration_ms: wall time of the step on the host.
-        source_trace_id: the rollout's trace id (32 hex digits) in a training session.
+        source_trace_id: the trace id (32 hex digits) of the episode's attempt since its last
+            reset (a training session's rollout); the same on every step and in ``result.json``.
     """
 
     episode_id: str
@@ -136,13 +138,20 @@ class FinalizeResult(BaseModel):
     final_output: str | None
     workspace_digest: str
     episode_dir: Path
-    workspace_path: Path = Field(description="the final /workspace, copied out")
+    workspace_path: Path | None = Field(
+        description="the final /workspace, copied out; None when the episode was broken"
+    )
+    broken: str | None = Field(
+        default=None,
+        description="why the episode's container was lost (then nothing was copied out); None if it was not",
+    )
     trajectory_path: Path = Field(description="trajectory.jsonl: one StepResult per line")
     result_path: Path = Field(description="result.json: this record")
     skipped_paths: list[SkippedMember] = Field(
         default_factory=list,
         description="workspace entries not recreated on the host (links leading out, FIFOs)",
     )
+    source_trace_id: str = Field(description="the trace id on every step of the trajectory")
 
 
 class CheckpointRecord(BaseModel):

@@ -8,9 +8,9 @@ grade the finished rollout afterwards with ``rollout_to_promptfoo_input`` and
 from __future__ import annotations
 
 import inspect
-import secrets
+import weakref
 from pathlib import Path
-from typing import Annotated, Any, AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable, Literal, Union
+from typing import Annotated, Any, AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable, Literal, Union
 
 from pydantic import BaseModel, Field
 
@@ -68,7 +68,7 @@ class RolloutResult(BaseModel):
     terminated_reason: TerminatedReason | None
     facts: list[Facts] = Field(default_factory=list, description="reward_from's facts, per step")
     artifacts_dir: Path
-    workspace_path: Path
+    workspace_path: Path | None = Field(description="the final /workspace; None if the episode broke")
 
 
 class TrainingSession:
@@ -96,7 +96,8 @@ class TrainingSession:
         self.rewards = RewardTracker(reward_from, reward_aggregate) if reward_from is not None else None
         self.source_trace_id: str | None = None
         self._ready = False
-        self._rolling = False
+        # The rollout under way, if any; weak, so that dropping it (a ``break``) frees the session.
+        self._active: weakref.ref[Rollout] | None = None
         self._steps: list[StepResult] = []
         self._reason: TerminatedReason | None = None
 
@@ -125,10 +126,13 @@ class TrainingSession:
         self.episode_id = handle.episode_id
         self._ready = True
 
-    async def rollout(
-        self, actions_or_policy: Iterable[Any] | AsyncIterable[Any] | Policy
-    ) -> AsyncIterator[ResetEvent | StepEvent | TerminatedEvent]:
+    def rollout(self, actions_or_policy: Iterable[Any] | AsyncIterable[Any] | Policy) -> Rollout:
         """Reset, then step until a ``terminate`` action, ``max_steps``, or no more actions.
+
+        Returns a :class:`Rollout`, an async iterator of events: ``async for ev in
+        session.rollout(...)``. One rollout runs at a time per session; leaving the loop early
+        (``break``) releases the session as soon as the iterator is dropped, and
+        ``await rollout.aclose()`` releases it explicitly (use that if you keep a reference).
 
         Args:
             actions_or_policy: a list or (async) iterable of actions, or a policy: a sync or
@@ -140,27 +144,21 @@ class TrainingSession:
             a ``reset`` event, a ``step`` event per step, then one ``terminated`` event.
 
         Raises:
+            LifecycleError: another rollout of this session is under way (on the first event).
             RewardError: ``reward_from`` raised or returned malformed or changing facts (after a
                 ``terminated`` event with reason ``error``); the same for host errors such as
                 InvalidActionError or EpisodeBrokenError.
         """
-        await self._ensure_episode()
-        if self._rolling:
-            raise LifecycleError(str(self.episode_id), "rolling out", "rollout", "one rollout at a time")
-        self._rolling = True
-        try:
-            async for event in self._rollout(actions_or_policy):
-                yield event
-        finally:
-            self._rolling = False
+        return Rollout(self, actions_or_policy)
 
     async def _rollout(self, source: Any) -> AsyncIterator[ResetEvent | StepEvent | TerminatedEvent]:
+        await self._ensure_episode()
         episode_id = str(self.episode_id)
-        self.source_trace_id = secrets.token_hex(16)
         self._steps, self._reason = [], None
         if self.rewards is not None:
             self.rewards.restart()
         reset = await self.host.reset(episode_id=episode_id)
+        self.source_trace_id = reset.source_trace_id  # the host stamps it on every step
         yield ResetEvent(
             episode_id=episode_id,
             observation=reset.observation,
@@ -176,12 +174,16 @@ class TrainingSession:
                 action = await next_action(observation, last)
                 if action is None:
                     break
-                result = await self.host.step(episode_id=episode_id, action=action)
-                result.source_trace_id = self.source_trace_id
+                # Rewards are scored inside the step, so its trajectory line carries them.
+                score = self.rewards.score if self.rewards is not None else None
+                result = await self.host._step(episode_id, action, score=score)
                 self._steps.append(result)
-                if self.rewards is not None:
-                    await self.rewards.score(result)
             except GymError as err:
+                # A step that ran and then failed (on_step or reward_from raised) is recorded by
+                # the host; the rollout's result records it the same way.
+                recorded = getattr(err, "step_result", None)
+                if isinstance(recorded, StepResult):
+                    self._steps.append(recorded)
                 self._reason = "error"
                 yield TerminatedEvent(reason="error", steps=len(self._steps), error=str(err))
                 raise
@@ -222,6 +224,55 @@ class TrainingSession:
         )
         (done.episode_dir / "rollout.json").write_text(result.model_dump_json(indent=2))
         return result
+
+
+class Rollout:
+    """The events of one rollout (what :meth:`TrainingSession.rollout` returns).
+
+    An async iterator: ``async for ev in session.rollout(actions): ...``. It holds its session
+    (one rollout at a time) from its first event until it ends, raises, is closed with
+    :meth:`aclose`, or is garbage collected (as it is at once after ``break`` out of an
+    ``async for`` that held the only reference).
+    """
+
+    def __init__(self, session: TrainingSession, source: Any) -> None:
+        self._session = session
+        self._source = source
+        self._events: AsyncGenerator[ResetEvent | StepEvent | TerminatedEvent, None] | None = None
+        self._done = False
+
+    def __aiter__(self) -> Rollout:
+        return self
+
+    async def __anext__(self) -> ResetEvent | StepEvent | TerminatedEvent:
+        if self._done:
+            raise StopAsyncIteration
+        if self._events is None:
+            active = self._session._active() if self._session._active is not None else None
+            if active is not None and active is not self:
+                raise LifecycleError(
+                    str(self._session.episode_id), "rolling out", "rollout",
+                    "one rollout at a time: finish the other, or close it with await rollout.aclose()",
+                )
+            self._session._active = weakref.ref(self)
+            self._events = self._session._rollout(self._source)
+        try:
+            return await self._events.__anext__()
+        except BaseException:
+            self._release()
+            raise
+
+    async def aclose(self) -> None:
+        """Stop the rollout here and release its session at once. Idempotent."""
+        self._release()
+        if self._events is not None:
+            await self._events.aclose()
+
+    def _release(self) -> None:
+        self._done = True
+        active = self._session._active
+        if active is not None and active() in (self, None):
+            self._session._active = None
 
 
 def create_training_session(

@@ -29,12 +29,15 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .actions import Action
 from .episode_store import EPISODE_ID_PATTERN
 from .errors import ConfigurationError
 from .settings import ContainerSettings
+
+
+_REPEATED = "task ids must be unique"
 
 
 class SuiteError(ConfigurationError):
@@ -129,14 +132,21 @@ class Suite(BaseModel):
     split: Split | None = None
     tasks: list[Task] = Field(min_length=1)
     base_dir: Path = Field(default=Path("."), exclude=True)
+    _source: Path | None = PrivateAttr(default=None)  # the file it was loaded from
+    _lines: dict[tuple[Any, ...], int] = PrivateAttr(default_factory=dict)  # field -> line in it
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Suite:
         ids = [t.id for t in self.tasks]
         repeated = sorted({i for i in ids if ids.count(i) > 1})
         if repeated:
-            raise ValueError(f"task ids must be unique; repeated: {', '.join(repeated)}")
+            raise ValueError(f"{_REPEATED}; repeated: {', '.join(repeated)}")
         return self
+
+    def where(self, *loc: str | int) -> str:
+        """``FILE:LINE`` of a field of the suite file, e.g. ``where("tasks", 2, "seed")``; the
+        nearest enclosing field's line when the file does not spell that one out."""
+        return _where(self._source or Path("<suite>"), self._lines, tuple(loc))
 
     def resolve(self, path: Path | None) -> Path | None:
         return None if path is None else (self.base_dir / path).resolve()
@@ -177,16 +187,49 @@ def load_suite(path: str | Path) -> Suite:
         raise SuiteError(f"{path}:1: a suite is a mapping with at least 'tasks'")
     lines: dict[tuple[Any, ...], int] = {}
     _record_lines(root, (), lines)
+    problems = _repeated_ids(path, data, lines)
     try:
-        return Suite.model_validate({**data, "base_dir": path.parent.resolve()})
+        suite = Suite.model_validate({**data, "base_dir": path.parent.resolve()})
     except ValidationError as err:
-        problems = []
         for error in err.errors():
             loc = tuple(error["loc"])
-            line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), 1)
-            where = ".".join(str(part) for part in loc) or "suite"
-            problems.append(f"{path}:{line}: {where}: {error['msg']}")
+            if not loc and _REPEATED in error["msg"] and problems:
+                continue  # already reported at the repeated id's own line
+            problems.append(f"{_where(path, lines, loc)}: {'.'.join(str(p) for p in loc) or 'suite'}: {error['msg']}")
+    if problems:
         raise SuiteError("invalid suite:\n" + "\n".join(problems)) from None
+    suite._source = path
+    suite._lines = lines
+    return suite
+
+
+def _where(path: Path, lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> str:
+    """``FILE:LINE`` of ``loc`` (or of the nearest enclosing field the file has)."""
+    line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), 1)
+    return f"{path}:{line}"
+
+
+def _repeated_ids(path: Path, data: dict[str, Any], lines: dict[tuple[Any, ...], int]) -> list[str]:
+    """One problem per task whose id an earlier task already has, at the repeated id's line."""
+    tasks = data.get("tasks")
+    if not isinstance(tasks, list):
+        return []
+    first: dict[str, int] = {}  # id -> index of the first task with it
+    problems = []
+    for index, task in enumerate(tasks):
+        task_id = task.get("id") if isinstance(task, dict) else None
+        if not isinstance(task_id, str):
+            continue
+        if task_id in first:
+            earlier = first[task_id]
+            problems.append(
+                f"{_where(path, lines, ('tasks', index, 'id'))}: tasks.{index}.id: {_REPEATED}: "
+                f"{task_id!r} is already the id of tasks.{earlier} (line "
+                f"{lines.get(('tasks', earlier, 'id'), 1)}); rename one of them"
+            )
+        else:
+            first[task_id] = index
+    return problems
 
 
 def _record_lines(node: Any, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> None:
