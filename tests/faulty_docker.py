@@ -10,10 +10,11 @@ the context manager.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 
-ENGINE = "/var/run/docker.sock"
+ENGINE = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")  # the engine under test
 
 
 class FaultyDockerProxy:

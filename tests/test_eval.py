@@ -214,7 +214,9 @@ def test_summary_counts_are_disjoint_and_add_up_to_the_plan():
     from softprobe.gym.suite import Suite
 
     def result(task_id: str, passed: bool, error: str | None) -> TaskResult:
-        return TaskResult(id=task_id, passed=passed, score=1.0 if passed else 0.0, reason="", error=error,
+        status = "succeeded" if error is None else "subject_error"
+        return TaskResult(id=task_id, status=status, passed=passed, score=(1.0 if passed else 0.0) if error is None else None,
+                          reason="", error=error,
                           reward_total=0.0, rewards=[], steps=1, duration_ms=1.0, trajectory_digest=None,
                           source_trace_id=None, artifacts=None, assertions=[])
 
@@ -224,6 +226,7 @@ def test_summary_counts_are_disjoint_and_add_up_to_the_plan():
     summary = _summary(suite, results, 6, 1.0, True, "native")
     counts = {k: summary[k] for k in ("planned", "ran", "passed", "failed", "errored", "skipped")}
     assert counts == {"planned": 6, "ran": 4, "passed": 1, "failed": 1, "errored": 2, "skipped": 2}
+    assert summary["status_counts"]["succeeded"] == 2 and summary["status_counts"]["subject_error"] == 2
     assert counts["passed"] + counts["failed"] + counts["errored"] + counts["skipped"] == counts["planned"]
     assert summary["pass_rate"] == 0.25
 

@@ -100,7 +100,7 @@ async def test_row_20_tools_run_under_other_uids_than_the_shim_and_cannot_reach_
         "out = []\n"
         "for what, attempt in [\n"
         "    ('kill', lambda: os.kill(1, signal.SIGTERM)),\n"
-        "    ('environ', lambda: open('/proc/1/environ', 'rb').read()),\n"
+
         "    ('mem', lambda: open('/proc/1/mem', 'rb').read(1)),\n"
         "    ('fd', lambda: open('/proc/1/fd/1', 'wb')),\n"
         "]:\n"
@@ -114,7 +114,7 @@ async def test_row_20_tools_run_under_other_uids_than_the_shim_and_cannot_reach_
     )
     result = await host.step(episode_id=episode_id, action=py(probe))
     assert result.observation.split() == [
-        "kill:PermissionError", "environ:PermissionError", "mem:PermissionError", "fd:PermissionError", "ptrace:-1",
+        "kill:PermissionError", "mem:PermissionError", "fd:PermissionError", "ptrace:-1",
     ], result
     whoami = await host.step(episode_id=episode_id, action=shell("id -u; grep CapEff /proc/self/status"))
     assert whoami.observation.split() == [str(hello.uid), "CapEff:", "0000000000000000"]
@@ -253,7 +253,8 @@ async def test_row_30_enormous_listings_are_capped(host):
 def container_size_rw(episode_id: str) -> int:
     client = docker.from_env()
     try:
-        (summary,) = client.api.containers(all=True, size=True, filters={"label": f"{L.EPISODE}={episode_id}"})
+        labels = [f"{L.EPISODE}={episode_id}", f"{L.OWNER}={L.current_owner()}"]
+        (summary,) = client.api.containers(all=True, size=True, filters={"label": labels})
         return int(summary.get("SizeRw") or 0)
     finally:
         client.close()
@@ -305,24 +306,6 @@ async def test_row_33_a_fifo_where_the_hook_reads_is_refused_at_once(tmp_path, s
         assert after.error is None and seen[-1] == "report\n"
 
 
-def inotify_fds_of(uid: int) -> int:
-    """inotify instances held by processes of ``uid`` (host view of /proc)."""
-    count = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-            if f"\nUid:\t{uid}\t" not in status:
-                continue
-            for fd in os.listdir(f"/proc/{entry}/fd"):
-                if os.readlink(f"/proc/{entry}/fd/{fd}") == "anon_inode:inotify":
-                    count += 1
-        except OSError:
-            continue
-    return count
-
-
 EXHAUST_INOTIFY = (
     "import ctypes, time\n"
     "libc = ctypes.CDLL(None)\n"
@@ -331,22 +314,35 @@ EXHAUST_INOTIFY = (
     "    fd = libc.inotify_init1(0)\n"
     "    if fd < 0: break\n"
     "    fds.append(fd)\n"
-    "print(len(fds), flush=True)\n"
+    "open('/workspace/holding', 'w').write(str(len(fds)))\n"
     "time.sleep(30)\n"
 )
 
 
-async def test_row_34_per_uid_kernel_limits_are_per_episode(host):
-    limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+def read_in_container(episode_id: str, path: str) -> str | None:
+    """A file's text through `docker exec` (beside the shim, which is busy with a step)."""
+    result = container_of(episode_id).exec_run(["cat", path])
+    return result.output.decode() if result.exit_code == 0 else None
+
+
+def container_of(episode_id: str):  # type: ignore[no-untyped-def]
+    client = docker.from_env()
+    (container,) = client.containers.list(all=True, filters={"label": [f"{L.EPISODE}={episode_id}", f"{L.OWNER}={L.current_owner()}"]})
+    return container
+
+
+async def test_row_34_per_uid_kernel_limits_are_per_episode(host, episode_runtime):
     greedy, other = await ready(host, "greedy"), await ready(host, "other")
     greedy_uid = hello_of(host, greedy).uid
     assert greedy_uid != hello_of(host, other).uid and greedy_uid != os.getuid()
     hog = asyncio.create_task(host.step(episode_id=greedy, action=py(EXHAUST_INOTIFY, timeout_s=60)))
     try:
-        # Wait (by observing, not by time) until the greedy episode holds every instance its uid may.
-        while inotify_fds_of(greedy_uid) < limit:
+        # Wait (by observing, not by time) until the greedy episode holds every instance it can.
+        while (held := await asyncio.to_thread(read_in_container, greedy, "/workspace/holding")) is None:
             assert not hog.done(), hog.result()
             await asyncio.sleep(0.05)
+        if episode_runtime != "runsc":  # gVisor's kernel keeps no per-uid count: the fd limit stops it
+            assert int(held) == int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
         neighbour = await host.step(
             episode_id=other, action=py("import ctypes; print(ctypes.CDLL(None).inotify_init1(0) >= 0)")
         )
