@@ -95,6 +95,14 @@ class SandboxLostError(SandboxError):
     """The container or its shim died, or the shim stopped answering, in the middle of a call."""
 
 
+class ShimReplyError(SandboxError):
+    """A reply from the shim could not be read (not strict JSON, or not the protocol's shape).
+
+    Only that request failed: the container and the connection are kept, the episode is not
+    marked broken, and the next call may work. A tool the request ran may have had effects.
+    """
+
+
 class UnsafeArchiveError(SandboxError):
     """An archive copied out of a container held a member that would land outside its destination."""
 
@@ -174,6 +182,7 @@ __all__ = [
     "SandboxError",
     "SandboxLostError",
     "SandboxStartError",
+    "ShimReplyError",
     "SplitError",
     "UnsafeArchiveError",
     "UnsupportedForkError",
