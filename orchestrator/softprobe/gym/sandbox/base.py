@@ -77,11 +77,16 @@ class Sandbox(ABC):
         """
 
     @abstractmethod
-    async def copy_out(self, path: str, destination: Path) -> list[SkippedMember]:
+    async def copy_out(
+        self, path: str, destination: Path, *, byte_budget: int | None = None
+    ) -> list[SkippedMember]:
         """Copy ``path`` (a directory in the container) to ``destination/<basename>`` on the host.
 
-        Nothing is written outside ``destination``. Links leading outside it and special files
-        (FIFOs, devices) are not recreated; they are returned as skipped members.
+        Nothing is written, and no link made, that leads outside ``destination/<basename>``.
+        Permission bits are kept (setuid, setgid and sticky dropped); sparse files stay sparse.
+        What is not recreated is returned as skipped members, as readable text: links leading
+        out, special files (FIFOs, devices), names that are not UTF-8 or too long for the host,
+        and, once ``byte_budget`` bytes of file data would be exceeded, the rest of the copy.
 
         Raises:
             UnsafeArchiveError: a member's name would land outside ``destination``.

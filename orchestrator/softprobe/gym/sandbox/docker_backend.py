@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import io
 import json
 import os
 import tarfile
@@ -23,6 +24,7 @@ from typing import Any, Callable, TypeVar
 import docker
 import docker.errors
 import requests.exceptions
+import urllib3.exceptions
 from docker.types import Ulimit
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_exponential
 
@@ -496,6 +498,28 @@ def _tree_signature(root: Path) -> tuple[Any, ...]:
     return tuple(entries)
 
 
+class _ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (Docker's archive stream)."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = iter(chunks)
+        self._chunk = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._chunk:
+            try:
+                self._chunk = memoryview(next(self._chunks))
+            except StopIteration:
+                return 0
+        count = min(len(buffer), len(self._chunk))
+        buffer[:count] = self._chunk[:count]
+        self._chunk = self._chunk[count:]
+        return count
+
+
 class DockerSandbox(Sandbox):
     """A running episode container and the shim client talking to it."""
 
@@ -544,17 +568,25 @@ class DockerSandbox(Sandbox):
     async def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str:
         return await self._shim.read_text(path, max_bytes=max_bytes)
 
-    async def copy_out(self, path: str, destination: Path) -> list[SkippedMember]:
-        return await self._backend._run(self._copy_out, path, destination)
+    async def copy_out(
+        self, path: str, destination: Path, *, byte_budget: int | None = None
+    ) -> list[SkippedMember]:
+        return await self._backend._run(self._copy_out, path, destination, byte_budget)
 
-    def _copy_out(self, path: str, destination: Path) -> list[SkippedMember]:
+    def _copy_out(self, path: str, destination: Path, byte_budget: int | None) -> list[SkippedMember]:
         api = self._backend.client.api
-        stream, _ = control_plane(api.get_archive)(self.sandbox_id, path)
-        with tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024) as buffer:
-            for chunk in stream:
-                buffer.write(chunk)
-            buffer.seek(0)
-            return safe_extract(buffer, destination)  # type: ignore[arg-type]
+        try:
+            stream, _ = control_plane(api.get_archive)(self.sandbox_id, path)
+        except docker.errors.APIError as err:
+            raise SandboxError(f"copying {path} out of the container failed: {err}") from None
+        # Extracted as it arrives: never spooled, so the budget bounds what the host stores, and
+        # a budget reached early stops the transfer (closing the stream drops the connection).
+        try:
+            return safe_extract(_ChunkReader(stream), destination, byte_budget=byte_budget)  # type: ignore[arg-type]
+        except (tarfile.TarError, requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as err:
+            raise SandboxError(f"copying {path} out of the container failed: {err}") from None
+        finally:
+            stream.close()
 
     async def commit(self, *, labels: dict[str, str]) -> str:
         return await self._backend._run(self._commit, labels)
