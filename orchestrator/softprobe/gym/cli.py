@@ -11,6 +11,7 @@ from typing import Sequence
 
 from . import __version__
 from .errors import GymError
+from .text import terminal_safe
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except GymError as err:
-        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("softprobe-gym: interrupted", file=sys.stderr)
@@ -206,7 +207,7 @@ def _run_grade(args: argparse.Namespace) -> int:
         cases = [case_for(folder, assertions, threshold) for folder in episodes]
         results = asyncio.run(grade_cases(cases, backend=args.backend))
     except (GymError, PromptfooAdapterError) as err:
-        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
     if args.json:
         for result in results:
@@ -232,7 +233,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         suite = load_suite(args.suite)
         ensure_image(suite.image)
     except GymError as err:
-        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -258,7 +259,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     try:
         outcome = asyncio.run(main())
     except (GymError, PromptfooAdapterError) as err:
-        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
     summary = outcome.summary  # type: ignore[attr-defined]
     print(
@@ -278,6 +279,7 @@ class _progress_display:
 
         self._bar = None
         if sys.stderr.isatty():
+            import rich.markup
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -286,7 +288,8 @@ class _progress_display:
             self._task = self._bar.add_task("eval", total=None)
 
             def update(message: str, done: int, total: int) -> None:
-                self._bar.update(self._task, completed=done, total=total, description=message[:60])
+                shown = rich.markup.escape(terminal_safe(message)[:60])  # neither escapes nor markup
+                self._bar.update(self._task, completed=done, total=total, description=shown)
 
             return update
         return plain_progress

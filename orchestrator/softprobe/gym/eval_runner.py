@@ -27,6 +27,7 @@ from .host import create_host_environment
 from .session import RolloutResult, create_training_session
 from .splits import assert_no_leakage, partition_train_eval
 from .suite import Suite, Task
+from .text import terminal_safe
 
 
 class TaskRecord(BaseModel):
@@ -333,4 +334,4 @@ def _ms(started: float) -> float:
 
 
 def plain_progress(message: str, done: int, total: int) -> None:
-    print(f"[{done}/{total}] {message}", file=sys.stderr, flush=True)
+    print(f"[{done}/{total}] {terminal_safe(message)}", file=sys.stderr, flush=True)

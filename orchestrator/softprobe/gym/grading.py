@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from .errors import ConfigurationError
 from .export import final_output_of, trajectory_digest, trajectory_steps
 from .results import StepResult
+from .text import terminal_safe
 
 
 def load_assertions(path: Path) -> tuple[list[dict[str, Any]], float | None]:
@@ -72,12 +73,15 @@ def case_for(episode_dir: Path, assertions: list[dict[str, Any]], threshold: flo
 
 
 def format_table(results: list[Any]) -> str:
-    width = max([len("episode")] + [len(r.attempt_id) for r in results])
+    """One row per graded episode. Every cell is escaped for the terminal (agent text can hold
+    ``\\r`` or escape sequences that would otherwise redraw a FAIL row as a pass)."""
+    ids = [terminal_safe(r.attempt_id) for r in results]
+    width = max([len("episode")] + [len(i) for i in ids])
     lines = [f"{'episode':{width}}  result  score   backend  reason", "-" * (width + 48)]
-    for r in results:
+    for r, attempt_id in zip(results, ids):
         verdict = "ERROR" if r.error else ("pass" if r.passed else "FAIL")
-        reason = (r.error or r.reason).replace("\n", " ")
-        lines.append(f"{r.attempt_id:{width}}  {verdict:6}  {r.score:6.3f}  {r.backend:7}  {reason[:90]}")
+        reason = terminal_safe(r.error or r.reason)
+        lines.append(f"{attempt_id:{width}}  {verdict:6}  {r.score:6.3f}  {terminal_safe(r.backend):7}  {reason[:90]}")
     passed = sum(r.passed for r in results)
     lines.append(f"{passed} passed, {len(results) - passed} failed")
     return "\n".join(lines)
