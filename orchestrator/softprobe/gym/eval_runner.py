@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel
 
+from .episode_store import EPISODE_ID_PATTERN, remove_tree
 from .errors import GymError
 from .export import trajectory_steps
 from .host import create_host_environment
@@ -109,6 +110,9 @@ async def run_suite(
             stale.unlink()
     pending = [t for t in tasks if t.id not in finished]
     total, done = len(tasks), len(tasks) - len(pending)
+    # A task that runs (again) starts from an empty episode folder: hosts refuse a folder that
+    # already holds records (EpisodeExistsError), and the old ones belong to no finished task.
+    await asyncio.to_thread(_clear_episode_folders, out / "runs" / "episodes", [t.id for t in pending])
     if finished:
         progress(f"resuming: {len(finished & {t.id for t in tasks})} tasks already finished", done, total)
     by_id = {t.id: t for t in tasks}
@@ -327,6 +331,14 @@ def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: floa
         "duration_ms": {"mean": statistics.fmean(durations), "median": statistics.median(durations), "max": max(durations)} if durations else {},
         "wall_s": round(wall_s, 3),
     }
+
+
+def _clear_episode_folders(episodes_dir: Path, task_ids: list[str]) -> None:
+    for task_id in task_ids:
+        folder = episodes_dir / task_id
+        # Only names that can be episode ids: never a path that climbs out.
+        if EPISODE_ID_PATTERN.match(task_id) and folder.is_dir():
+            remove_tree(folder)
 
 
 def _ms(started: float) -> float:

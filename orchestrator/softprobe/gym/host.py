@@ -7,6 +7,7 @@ shim inside it. The host owns every episode's state machine and its folder under
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ from .sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from .settings import Capabilities, ContainerSettings
 
 DEFAULT_IMAGE = "softprobe/base:latest"
+#: Default of ``artifact_budget_bytes``: the most file data finalize copies out of a workspace.
+DEFAULT_ARTIFACT_BUDGET_BYTES = 2 * 1024**3
 
 
 @dataclass
@@ -114,6 +117,7 @@ class HostEnvironment:
         pool_size: int = 0,
         max_containers: int | None = None,
         workspace_tracking: str = "inotify",
+        artifact_budget_bytes: int | None = None,
     ) -> None:
         self.run_root = run_root
         self.seed_root = seed_root
@@ -124,6 +128,7 @@ class HostEnvironment:
         self.max_tool_timeout_s = max_tool_timeout_s
         self.output_cap_bytes = output_cap_bytes
         self.max_steps = max_steps
+        self.artifact_budget_bytes = artifact_budget_bytes
         self.host_id = uuid.uuid4().hex[:16]
         self._on_step = on_step
         self._subject = subject
@@ -182,7 +187,9 @@ class HostEnvironment:
 
         Raises:
             ConfigurationError: the id is not of that form.
-            EpisodeExistsError: this host already has an episode with that id.
+            EpisodeExistsError: this host already has an episode with that id, or its folder
+                already holds records (an earlier run, or another host on the same
+                ``run_root``); nothing in that folder is changed.
         """
         self._check_open()
         episode_id = validate_episode_id(
@@ -201,8 +208,8 @@ class HostEnvironment:
             if not seed.is_dir():
                 raise ConfigurationError(f"seed_root {seed} is not a directory")
         episode = _Episode(episode_id, EpisodeStore(self.run_root, episode_id), max_steps=max_steps, seed_root=seed)
+        episode.store.create(self._record(episode))  # claims the folder, or EpisodeExistsError
         self._episodes[episode_id] = episode
-        episode.store.create(self._record(episode))
         return EpisodeHandle(
             episode_id=episode_id, state=episode.state, episode_dir=episode.store.dir
         )
@@ -229,13 +236,15 @@ class HostEnvironment:
             await self._drop_sandbox(episode, background=True)
             await self._hold_slot(episode)
             try:
+                self._require_not_destroyed(episode, "reset")  # destroyed while it waited
                 sandbox = await self._start_for(episode_id, episode.seed_root or self.seed_root)
             except BaseException:
                 self._release_slot(episode)
                 raise
             if episode.state is EpisodeState.DESTROYED:  # destroyed while the container started
                 await sandbox.remove()
-                require(episode_id, episode.state, "reset")
+                self._release_slot(episode)
+                self._require_not_destroyed(episode, "reset")
             episode.sandbox = sandbox
             episode.steps = []
             episode.broken = None
@@ -277,8 +286,11 @@ class HostEnvironment:
 
         Raises:
             InvalidActionError: ``action`` is not an action (the episode is unchanged).
-            LifecycleError: the episode is not ``ready`` or ``running``.
+            LifecycleError: the episode is not ``ready`` or ``running``, or it was destroyed
+                while the step ran (the step is then not recorded; it stays destroyed).
             EpisodeBrokenError: the container or shim died or hung; ``reset`` or ``destroy`` it.
+            ShimReplyError: the shim's reply could not be read; the step is not recorded, the
+                episode is not broken (the tool may have had effects).
             OnStepHookError: the ``on_step`` hook raised (the step ran and is recorded).
         """
         episode = self._get(episode_id)
@@ -299,6 +311,7 @@ class HostEnvironment:
                 }
             else:
                 call = await self._call_tool(episode, sandbox, parsed)
+                self._require_not_destroyed(episode, "step")
                 observation, error, diagnostics = call.observation, call.error, call.diagnostics
                 episode.workspace_digest = diagnostics["workspace_digest"]
             terminated = isinstance(parsed, TerminateAction)
@@ -315,6 +328,7 @@ class HostEnvironment:
                 error=error,
             )
             hook_error = await self._run_hook(episode, sandbox, parsed, result)
+            self._require_not_destroyed(episode, "step")
             result.duration_ms = _ms_since(started)
             episode.steps.append(result)
             episode.store.append_step(result)
@@ -352,9 +366,16 @@ class HostEnvironment:
             checkpoint_id = f"ckpt-{uuid.uuid4().hex[:16]}"
             labels = self._labels(episode_id) | {L.CHECKPOINT: checkpoint_id}
             image_id = await episode.sandbox.commit(labels=labels)
-            subject_state = None
-            if self._subject is not None:
-                subject_state = await _maybe_await(self._subject.export_state(episode_id))
+            try:
+                self._require_not_destroyed(episode, "checkpoint")
+                subject_state = None
+                if self._subject is not None:
+                    subject_state = await _maybe_await(self._subject.export_state(episode_id))
+                self._require_not_destroyed(episode, "checkpoint")
+            except BaseException:
+                # Nobody will ever own this image: remove it rather than leak it.
+                await asyncio.shield(self._backend.remove_image(image_id))
+                raise
             record = CheckpointRecord(
                 checkpoint_id=checkpoint_id,
                 episode_id=episode_id,
@@ -530,13 +551,19 @@ class HostEnvironment:
         """Seal the episode: copy its final workspace out, write its records, stop its container.
 
         Writes ``run_root/episodes/<id>/``: ``trajectory.jsonl`` (already appended per step),
-        ``result.json`` and ``workspace/`` (extracted safely: no member may land outside it).
+        ``result.json`` and ``workspace/``. The workspace is extracted safely: nothing is written
+        and no link made that leads outside ``workspace/``; permission bits are kept (minus
+        setuid, setgid, sticky); sparse files stay sparse; at most ``artifact_budget_bytes`` of
+        file data are copied. Whatever is not recreated is listed in ``skipped_paths`` with the
+        reason, as readable text (links leading out, FIFOs, names that are not UTF-8 or too long
+        for the host, what the budget cut off), and ``result.json`` is still written.
 
         Raises:
-            LifecycleError: the episode never ran, or is already finalized or destroyed.
+            LifecycleError: the episode never ran, is already finalized or destroyed, or was
+                destroyed while finalize ran (it stays destroyed; no ``result.json``).
             EpisodeBrokenError: the container died, so its workspace cannot be collected.
-            UnsafeArchiveError: the workspace archive held a member whose name escapes the
-                folder (links leading out and FIFOs are skipped instead: ``skipped_paths``).
+            UnsafeArchiveError: the workspace archive held a member whose *name* escapes the
+                folder (no copy of a real folder has one).
         """
         episode = self._get(episode_id)
         self._require_usable(episode, "finalize")
@@ -544,8 +571,16 @@ class HostEnvironment:
             self._require_usable(episode, "finalize")
             assert episode.sandbox is not None
             store = episode.store
-            store.clear_workspace()
-            skipped = await episode.sandbox.copy_out("/workspace", store.dir)
+            await asyncio.to_thread(store.clear_workspace)
+            self._require_not_destroyed(episode, "finalize")
+            try:
+                skipped = await episode.sandbox.copy_out(
+                    "/workspace", store.dir, byte_budget=self.artifact_budget_bytes
+                )
+            except Exception:
+                self._require_not_destroyed(episode, "finalize")  # the copy failed *because* of it
+                raise
+            self._require_not_destroyed(episode, "finalize")
             last = episode.steps[-1] if episode.steps else None
             final_output = (
                 last.action.output
@@ -576,10 +611,13 @@ class HostEnvironment:
         """Release the episode: remove its container and its checkpoint images.
 
         Idempotent: destroying a destroyed episode does nothing. Safe in any state, also while a
-        step runs (the step then fails with LifecycleError).
+        step, hook, checkpoint or finalize runs: that call then fails with LifecycleError and
+        the episode stays destroyed.
 
         Args:
-            cleanup: also delete the episode's folder under ``run_root``.
+            cleanup: also delete the episode's folder under ``run_root``, once any call in flight
+                on the episode has stopped. The deletion runs in a worker thread, so other
+                episodes' steps are not held up by a large folder.
 
         Raises:
             EpisodeNotFoundError: this host never had the episode.
@@ -601,7 +639,10 @@ class HostEnvironment:
             if not cleanup:
                 episode.store.write_record(self._record(episode))
         if cleanup:
-            episode.store.remove()
+            # After the call in flight (which fails now that the container is gone) has let go,
+            # so nothing writes into the folder while or after it is deleted.
+            async with episode.lock:
+                await asyncio.to_thread(episode.store.remove)
 
     async def close(self) -> None:
         """Destroy every episode this host still holds (their folders stay) and release Docker.
@@ -648,6 +689,15 @@ class HostEnvironment:
     def _check_open(self) -> None:
         if self._closed:
             raise LifecycleError("*", "closed", "use", "this host is closed; create a new one")
+
+    @staticmethod
+    def _require_not_destroyed(episode: _Episode, operation: str) -> None:
+        """Checked after every await of a call: destroy may have run meanwhile, and a destroyed
+        episode must stay destroyed (no state change, no record written)."""
+        if episode.state is EpisodeState.DESTROYED:
+            raise LifecycleError(
+                episode.episode_id, "destroyed", operation, "it was destroyed while the call ran"
+            )
 
     def _require_usable(self, episode: _Episode, operation: str) -> None:
         require(episode.episode_id, episode.state, operation)
@@ -826,6 +876,7 @@ def create_host_environment(
     pool_size: int = 0,
     max_containers: int | None = None,
     workspace_tracking: str = "inotify",
+    artifact_budget_bytes: int | None = DEFAULT_ARTIFACT_BUDGET_BYTES,
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own Docker container.
 
@@ -858,6 +909,9 @@ def create_host_environment(
         workspace_tracking: how the shim keeps ``workspace_digest`` current: ``"inotify"``
             (default: cost in proportion to what changed; misses writes made through ``mmap``)
             or ``"scan"`` (re-read the whole workspace after each process: exact, slower).
+        artifact_budget_bytes: the most file data (apparent size) ``finalize`` copies out of
+            a workspace (default 2 GiB). Enforced while the copy streams; what would exceed it
+            is not copied and is listed in ``skipped_paths``. ``None``: no limit.
 
     Raises:
         ConfigurationError: an argument is invalid (the message says which and why).
@@ -888,8 +942,12 @@ def create_host_environment(
                 "capabilities declare subject_state_import, so subject= must be an object with "
                 f"export_state(episode_id) and import_state(episode_id, state); missing: {', '.join(missing)}"
             )
+    if not all(_is_number(t) and math.isfinite(t) for t in (tool_timeout_s, max_tool_timeout_s)):
+        raise ConfigurationError("tool_timeout_s and max_tool_timeout_s must be finite numbers")
     if not (0 < tool_timeout_s <= max_tool_timeout_s):
         raise ConfigurationError("need 0 < tool_timeout_s <= max_tool_timeout_s")
+    if artifact_budget_bytes is not None and (not _is_int(artifact_budget_bytes) or artifact_budget_bytes < 0):
+        raise ConfigurationError("artifact_budget_bytes must be an int >= 0 or None")
     if output_cap_bytes < 1024:
         raise ConfigurationError("output_cap_bytes must be at least 1024")
     if max_steps is not None and max_steps < 1:
@@ -923,7 +981,16 @@ def create_host_environment(
         pool_size=pool_size,
         max_containers=max_containers,
         workspace_tracking=workspace_tracking,
+        artifact_budget_bytes=artifact_budget_bytes,
     )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _state_after(steps: list[StepResult]) -> EpisodeState:
