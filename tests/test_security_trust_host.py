@@ -20,16 +20,19 @@ import sys
 import time
 from pathlib import Path
 
+import docker
 import pytest
 
 from helpers import SUPPORT_DESK, ready, tool
 from softprobe.gym import (
+    CheckpointTooLargeError,
     EpisodeExistsError,
     EpisodeState,
     InvalidActionError,
     LifecycleError,
     create_host_environment,
 )
+from softprobe.gym import labels as L
 
 pytestmark = pytest.mark.docker
 
@@ -205,6 +208,26 @@ async def test_row_31_finalize_stops_at_the_artifact_byte_budget(tmp_path, docke
         assert [s["path"] for s in saved["skipped_paths"]] == ["workspace/b.img"]
         assert str(budget) in saved["skipped_paths"][0]["reason"]
         assert disk_bytes(done.workspace_path) <= budget
+
+
+async def test_row_31_checkpoint_refuses_changes_over_its_byte_budget(tmp_path, docker_engine):
+    budget = 64 * 1024 * 1024
+    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, checkpoint_budget_bytes=budget) as host:
+        episode_id = await ready(host)
+        await host.step(episode_id=episode_id, action=shell("truncate -s 200m sparse.img"))  # no data, 200 MiB long
+        with pytest.raises(CheckpointTooLargeError, match="checkpoint budget") as caught:
+            await host.checkpoint(episode_id=episode_id)
+        assert caught.value.size_bytes > budget and caught.value.budget_bytes == budget
+        client = docker.from_env()
+        try:
+            committed = client.images.list(filters={"label": [f"{L.EPISODE}={episode_id}", f"{L.HOST}={host.host_id}"]})
+        finally:
+            client.close()
+        assert committed == []  # refused before anything was committed
+        await host.step(episode_id=episode_id, action=shell("rm sparse.img"))
+        record = await host.checkpoint(episode_id=episode_id)  # within the budget again
+        assert record.image_id.startswith("sha256:")
+        await still_works(host, episode_id)
 
 
 async def test_finalize_keeps_the_permission_bits_the_container_had(host):

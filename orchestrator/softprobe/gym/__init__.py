@@ -6,6 +6,7 @@ The Python counterpart of ``@softprobe/gym``. Start with :func:`create_host_envi
 from .actions import TerminateAction, ToolAction, parse_action
 from .errors import (
     CapabilityError,
+    CheckpointTooLargeError,
     ConfigurationError,
     DockerUnavailableError,
     EpisodeBrokenError,
@@ -64,6 +65,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Capabilities",
     "CapabilityError",
+    "CheckpointTooLargeError",
     "Check",
     "CheckOutcome",
     "CheckpointRecord",

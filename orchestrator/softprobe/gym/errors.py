@@ -107,6 +107,21 @@ class UnsafeArchiveError(SandboxError):
     """An archive copied out of a container held a member that would land outside its destination."""
 
 
+class CheckpointTooLargeError(GymError):
+    """The container's filesystem changes exceed ``checkpoint_budget_bytes``; nothing was
+    committed and the episode goes on. Delete large files first, or raise the budget.
+
+    Attributes:
+        size_bytes: the size of the changes (apparent size, as Docker counts it).
+        budget_bytes: the budget.
+    """
+
+    def __init__(self, message: str, *, size_bytes: int, budget_bytes: int) -> None:
+        super().__init__(message)
+        self.size_bytes = size_bytes
+        self.budget_bytes = budget_bytes
+
+
 class CapabilityError(GymError):
     """An operation needs a capability the host did not declare."""
 
@@ -163,6 +178,7 @@ class LeakageError(GymError):
 
 __all__ = [
     "CapabilityError",
+    "CheckpointTooLargeError",
     "ConfigurationError",
     "DockerUnavailableError",
     "EpisodeBrokenError",

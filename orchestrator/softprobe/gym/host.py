@@ -53,6 +53,8 @@ from .settings import Capabilities, ContainerSettings
 DEFAULT_IMAGE = "softprobe/base:latest"
 #: Default of ``artifact_budget_bytes``: the most file data finalize copies out of a workspace.
 DEFAULT_ARTIFACT_BUDGET_BYTES = 2 * 1024**3
+#: Default of ``checkpoint_budget_bytes``: the most filesystem changes a checkpoint commits.
+DEFAULT_CHECKPOINT_BUDGET_BYTES = 2 * 1024**3
 
 
 @dataclass
@@ -118,6 +120,7 @@ class HostEnvironment:
         max_containers: int | None = None,
         workspace_tracking: str = "inotify",
         artifact_budget_bytes: int | None = None,
+        checkpoint_budget_bytes: int | None = None,
     ) -> None:
         self.run_root = run_root
         self.seed_root = seed_root
@@ -129,6 +132,7 @@ class HostEnvironment:
         self.output_cap_bytes = output_cap_bytes
         self.max_steps = max_steps
         self.artifact_budget_bytes = artifact_budget_bytes
+        self.checkpoint_budget_bytes = checkpoint_budget_bytes
         self.host_id = uuid.uuid4().hex[:16]
         self._on_step = on_step
         self._subject = subject
@@ -347,10 +351,13 @@ class HostEnvironment:
         """Snapshot the episode's container filesystem (``docker commit``) for a later fork.
 
         Needs the ``environment_checkpoint`` capability. Captures the filesystem (workspace
-        included), not process memory, volumes or tmpfs mounts.
+        included), not process memory, volumes or tmpfs mounts. At most
+        ``checkpoint_budget_bytes`` of filesystem changes are committed.
 
         Raises:
             CapabilityError: ``environment_checkpoint`` was not declared (nothing is committed).
+            CheckpointTooLargeError: the changes exceed ``checkpoint_budget_bytes`` (nothing is
+                committed; the episode goes on).
             LifecycleError / EpisodeBrokenError: the episode has no live container.
         """
         episode = self._get(episode_id)
@@ -365,7 +372,7 @@ class HostEnvironment:
             assert episode.sandbox is not None
             checkpoint_id = f"ckpt-{uuid.uuid4().hex[:16]}"
             labels = self._labels(episode_id) | {L.CHECKPOINT: checkpoint_id}
-            image_id = await episode.sandbox.commit(labels=labels)
+            image_id = await episode.sandbox.commit(labels=labels, max_bytes=self.checkpoint_budget_bytes)
             try:
                 self._require_not_destroyed(episode, "checkpoint")
                 subject_state = None
@@ -877,6 +884,7 @@ def create_host_environment(
     max_containers: int | None = None,
     workspace_tracking: str = "inotify",
     artifact_budget_bytes: int | None = DEFAULT_ARTIFACT_BUDGET_BYTES,
+    checkpoint_budget_bytes: int | None = DEFAULT_CHECKPOINT_BUDGET_BYTES,
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own Docker container.
 
@@ -912,6 +920,9 @@ def create_host_environment(
         artifact_budget_bytes: the most file data (apparent size) ``finalize`` copies out of
             a workspace (default 2 GiB). Enforced while the copy streams; what would exceed it
             is not copied and is listed in ``skipped_paths``. ``None``: no limit.
+        checkpoint_budget_bytes: the most filesystem changes (apparent size, as Docker's
+            ``SizeRw`` counts them) a ``checkpoint`` commits (default 2 GiB); over it,
+            ``CheckpointTooLargeError`` and nothing is committed. ``None``: no limit.
 
     Raises:
         ConfigurationError: an argument is invalid (the message says which and why).
@@ -946,8 +957,9 @@ def create_host_environment(
         raise ConfigurationError("tool_timeout_s and max_tool_timeout_s must be finite numbers")
     if not (0 < tool_timeout_s <= max_tool_timeout_s):
         raise ConfigurationError("need 0 < tool_timeout_s <= max_tool_timeout_s")
-    if artifact_budget_bytes is not None and (not _is_int(artifact_budget_bytes) or artifact_budget_bytes < 0):
-        raise ConfigurationError("artifact_budget_bytes must be an int >= 0 or None")
+    for name, budget in (("artifact_budget_bytes", artifact_budget_bytes), ("checkpoint_budget_bytes", checkpoint_budget_bytes)):
+        if budget is not None and (not _is_int(budget) or budget < 0):
+            raise ConfigurationError(f"{name} must be an int >= 0 or None")
     if output_cap_bytes < 1024:
         raise ConfigurationError("output_cap_bytes must be at least 1024")
     if max_steps is not None and max_steps < 1:
@@ -982,6 +994,7 @@ def create_host_environment(
         max_containers=max_containers,
         workspace_tracking=workspace_tracking,
         artifact_budget_bytes=artifact_budget_bytes,
+        checkpoint_budget_bytes=checkpoint_budget_bytes,
     )
 
 

@@ -94,14 +94,20 @@ class Sandbox(ABC):
         """
 
     @abstractmethod
-    async def commit(self, *, labels: dict[str, str]) -> str:
+    async def commit(self, *, labels: dict[str, str], max_bytes: int | None = None) -> str:
         """Snapshot the container's filesystem as a new image carrying ``labels``; return its id.
 
         Only called between tool calls, when no process of a tool is running. Chains of commits
         (checkpoint, fork from it, checkpoint again...) never hit the storage driver's layer
         limit: a provider flattens the image before it would.
 
+        Args:
+            max_bytes: refuse when the container's filesystem changes (apparent size, so a
+                sparse file counts at its full length, as an image layer would store it) exceed
+                this; checked before anything is committed.
+
         Raises:
+            CheckpointTooLargeError: the changes exceed ``max_bytes``; nothing was committed.
             SandboxError: the commit failed (after retries).
         """
 

@@ -30,6 +30,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_ex
 
 from .. import labels as L
 from ..errors import (
+    CheckpointTooLargeError,
     DockerUnavailableError,
     ImageNotFoundError,
     SandboxError,
@@ -588,17 +589,34 @@ class DockerSandbox(Sandbox):
         finally:
             stream.close()
 
-    async def commit(self, *, labels: dict[str, str]) -> str:
-        return await self._backend._run(self._commit, labels)
+    async def commit(self, *, labels: dict[str, str], max_bytes: int | None = None) -> str:
+        return await self._backend._run(self._commit, labels, max_bytes)
 
-    def _commit(self, labels: dict[str, str]) -> str:
+    def _commit(self, labels: dict[str, str], max_bytes: int | None = None) -> str:
         api = self._backend.client.api
+        if max_bytes is not None:
+            self._check_size(max_bytes)
         image = control_plane(api.inspect_image)(self.image_id)
         if len(image["RootFS"]["Layers"]) + 1 >= self._backend.flatten_at_layers:
             return self._flatten(image["Config"] or {}, labels)
         # No pause: commit only happens between steps, when no tool process is alive to write.
         response = control_plane(api.commit)(self.sandbox_id, conf={"Labels": labels}, pause=False)
         return str(response["Id"])
+
+    def _check_size(self, max_bytes: int) -> None:
+        """Refuse a commit whose layer would exceed ``max_bytes``. Docker's ``SizeRw`` is the
+        apparent size of the container's changes: what ``docker commit`` copies into the layer."""
+        api = self._backend.client.api
+        listed = control_plane(api.containers)(all=True, filters={"id": self.sandbox_id}, size=True)
+        size = int((listed[0].get("SizeRw") if listed else 0) or 0)
+        if size > max_bytes:
+            raise CheckpointTooLargeError(
+                f"the container's filesystem changes are {size} bytes, over the checkpoint budget "
+                f"of {max_bytes} bytes (checkpoint_budget_bytes); nothing was committed. Delete "
+                "large files first (sparse files count at their full length), or raise the budget.",
+                size_bytes=size,
+                budget_bytes=max_bytes,
+            )
 
     def _flatten(self, config: dict[str, Any], labels: dict[str, str]) -> str:
         """Snapshot as a one-layer image: export the container's filesystem, import it with the
