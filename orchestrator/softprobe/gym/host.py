@@ -623,8 +623,9 @@ class HostEnvironment:
 
         Args:
             cleanup: also delete the episode's folder under ``run_root``, once any call in flight
-                on the episode has stopped. The deletion runs in a worker thread, so other
-                episodes' steps are not held up by a large folder.
+                on the episode has stopped (so an ``on_step`` hook must not destroy its own
+                episode with ``cleanup=True``: it would wait for itself). The deletion runs in a
+                worker thread, so other episodes' steps are not held up by a large folder.
 
         Raises:
             EpisodeNotFoundError: this host never had the episode.
