@@ -332,6 +332,32 @@ async def test_row_36_destroy_during_finalize_stays_destroyed(host):
     assert not (host.run_root / "episodes" / episode_id / "result.json").exists()
 
 
+async def test_row_36_destroy_during_checkpoint_stays_destroyed_and_leaves_no_image(host):
+    episode_id = await ready(host)
+    sandbox = host._episodes[episode_id].sandbox  # gate its real commit, to destroy mid-checkpoint
+    entered, release = asyncio.Event(), asyncio.Event()
+    real_commit = sandbox.commit
+
+    async def gated_commit(*args, **kwargs):  # type: ignore[no-untyped-def]
+        entered.set()
+        await release.wait()
+        return await real_commit(*args, **kwargs)
+
+    sandbox.commit = gated_commit
+    checkpoint = asyncio.ensure_future(host.checkpoint(episode_id=episode_id))
+    await entered.wait()
+    await host.destroy(episode_id=episode_id)
+    release.set()
+    with pytest.raises(LifecycleError, match="destroyed"):
+        await checkpoint
+    assert host.state(episode_id=episode_id) is EpisodeState.DESTROYED
+    client = docker.from_env()
+    try:
+        assert client.images.list(filters={"label": f"{L.HOST}={host.host_id}"}) == []
+    finally:
+        client.close()
+
+
 async def test_row_37_a_second_host_on_the_same_run_root_cannot_take_an_episode_id(host):
     episode_id = await ready(host, "shared-id")
     await host.step(episode_id=episode_id, action=shell("echo one"))

@@ -372,7 +372,11 @@ class HostEnvironment:
             assert episode.sandbox is not None
             checkpoint_id = f"ckpt-{uuid.uuid4().hex[:16]}"
             labels = self._labels(episode_id) | {L.CHECKPOINT: checkpoint_id}
-            image_id = await episode.sandbox.commit(labels=labels, max_bytes=self.checkpoint_budget_bytes)
+            try:
+                image_id = await episode.sandbox.commit(labels=labels, max_bytes=self.checkpoint_budget_bytes)
+            except Exception:
+                self._require_not_destroyed(episode, "checkpoint")  # it failed *because* of that
+                raise
             try:
                 self._require_not_destroyed(episode, "checkpoint")
                 subject_state = None
