@@ -190,3 +190,17 @@ def test_names_that_are_not_utf8_or_too_long_for_the_host_are_skipped_as_readabl
     assert any(p.endswith("deep.txt") and "too long" in s.reason.lower() for p, s in zip(paths, skipped))
     assert (tmp_path / "workspace" / "ok.txt").read_text() == "ok"
     json.dumps([s.model_dump() for s in skipped], ensure_ascii=False).encode("utf-8")  # serialisable
+
+
+def test_hard_links_are_made_only_to_files_this_archive_wrote(tmp_path):
+    archive = tar_of(
+        dir_member("workspace"),
+        data_member("workspace/a.txt", b"data"),
+        member("workspace/same", tarfile.LNKTYPE, "workspace/a.txt"),
+        member("workspace/l", tarfile.SYMTYPE, "a.txt"),
+        member("workspace/via-link", tarfile.LNKTYPE, "workspace/l"),
+    )
+    skipped = safe_extract(archive, tmp_path)
+    ws = tmp_path / "workspace"
+    assert os.lstat(ws / "same").st_ino == os.lstat(ws / "a.txt").st_ino
+    assert [s.path for s in skipped] == ["workspace/via-link"]  # never through a symlink
