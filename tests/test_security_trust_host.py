@@ -332,6 +332,28 @@ async def test_row_36_destroy_during_finalize_stays_destroyed(host):
     assert not (host.run_root / "episodes" / episode_id / "result.json").exists()
 
 
+async def test_row_36_destroy_while_finalize_stops_the_container_stays_destroyed(host):
+    episode_id = await ready(host)
+    sandbox = host._episodes[episode_id].sandbox  # gate its real removal, the last await of finalize
+    entered, release = asyncio.Event(), asyncio.Event()
+    real_remove = sandbox.remove
+
+    async def gated_remove():  # type: ignore[no-untyped-def]
+        entered.set()
+        await release.wait()
+        await real_remove()
+
+    sandbox.remove = gated_remove
+    finalize = asyncio.ensure_future(host.finalize(episode_id=episode_id))
+    await entered.wait()
+    await host.destroy(episode_id=episode_id)
+    release.set()
+    done = await finalize  # its records were already written: it completes
+    assert done.result_path.exists()
+    assert host.state(episode_id=episode_id) is EpisodeState.DESTROYED
+    assert json.loads((done.episode_dir / "episode.json").read_text())["state"] == "destroyed"
+
+
 async def test_row_36_destroy_during_checkpoint_stays_destroyed_and_leaves_no_image(host):
     episode_id = await ready(host)
     sandbox = host._episodes[episode_id].sandbox  # gate its real commit, to destroy mid-checkpoint

@@ -496,6 +496,9 @@ class HostEnvironment:
                 self._spec(labels=self._labels(child.episode_id), seed=False, image=record.image_id)
             )
             child.sandbox = sandbox
+            if child.state is EpisodeState.DESTROYED:  # destroyed while its container started
+                await self._drop_sandbox(child, release=True)
+                self._require_not_destroyed(child, "fork")
             if sandbox.hello.workspace_digest != record.workspace_digest:
                 raise ForkVerificationError(
                     f"checkpoint {record.checkpoint_id} came back with workspace digest "
@@ -503,6 +506,7 @@ class HostEnvironment:
                     "checkpoint did not capture the workspace (is it on a volume or tmpfs?)"
                 )
             await _maybe_await(self._subject.import_state(child.episode_id, record.subject_state))
+            self._require_not_destroyed(child, "fork")
             child.steps = [step.model_copy(update={"episode_id": child.episode_id}) for step in entry.steps]
             for step in child.steps:
                 child.store.append_step(step)
@@ -613,8 +617,10 @@ class HostEnvironment:
             )
             store.write_result(result.model_dump_json(indent=2))
             store.close_trajectory()
-            await self._drop_sandbox(episode, release=True)
+            # Finalized before the await: a destroy meanwhile then moves it on to destroyed,
+            # never the other way round.
             episode.state = EpisodeState.FINALIZED
+            await self._drop_sandbox(episode, release=True)
             store.write_record(self._record(episode))
             return result
 
