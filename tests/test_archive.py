@@ -204,3 +204,13 @@ def test_hard_links_are_made_only_to_files_this_archive_wrote(tmp_path):
     ws = tmp_path / "workspace"
     assert os.lstat(ws / "same").st_ino == os.lstat(ws / "a.txt").st_ino
     assert [s.path for s in skipped] == ["workspace/via-link"]  # never through a symlink
+
+
+def test_the_list_of_skipped_members_is_bounded(tmp_path, monkeypatch):
+    from softprobe.gym.sandbox import archive
+
+    monkeypatch.setattr(archive, "MAX_SKIPPED_LISTED", 3)
+    fifos = [member(f"workspace/fifo{i}", tarfile.FIFOTYPE) for i in range(10)]
+    skipped = safe_extract(tar_of(dir_member("workspace"), *fifos), tmp_path)
+    assert [s.path for s in skipped] == ["workspace/fifo0", "workspace/fifo1", "workspace/fifo2", "workspace"]
+    assert "7 more members" in skipped[-1].reason

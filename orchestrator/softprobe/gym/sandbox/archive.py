@@ -76,6 +76,9 @@ def _dir_member(name: str, mode: int, uid: int, gid: int) -> tarfile.TarInfo:
 _SPARSE_BLOCK = 64 * 1024
 _ZERO_BLOCK = bytes(_SPARSE_BLOCK)
 _READ_CHUNK = 1024 * 1024
+#: Skipped members listed one by one; beyond this many, only counted (a workspace of 10^5 FIFOs
+#: must not make result.json, or the host's memory, grow with it).
+MAX_SKIPPED_LISTED = 10_000
 
 
 def safe_extract(
@@ -119,13 +122,17 @@ class _Extraction:
         self.bytes_written = 0  # apparent bytes of file data, counted against the budget
         self.top: str | None = None  # the archive's top folder; links must stay inside it
         self.skipped: list[SkippedMember] = []
+        self.unlisted = 0  # skipped beyond MAX_SKIPPED_LISTED
         self.files: set[str] = set()  # regular files written (hard links may only point at them)
         self.folders: list[tuple[str, int, float]] = []
         self.symlinks: list[tuple[str, str]] = []
         self.hardlinks: list[tuple[str, str]] = []
 
     def skip(self, name: str, reason: str) -> None:
-        self.skipped.append(SkippedMember(path=readable_text(name), reason=readable_text(reason)))
+        if len(self.skipped) < MAX_SKIPPED_LISTED:
+            self.skipped.append(SkippedMember(path=readable_text(name), reason=readable_text(reason)))
+        else:
+            self.unlisted += 1
 
     def add(self, member: tarfile.TarInfo, archive: tarfile.TarFile) -> bool:
         """Handle one member; False when the budget is spent and the rest must not be read."""
@@ -221,6 +228,12 @@ class _Extraction:
                     os.chmod(path, mode)
             except OSError:
                 pass  # the folder is there; only its time or mode could not be kept
+        if self.unlisted:
+            self.skipped.append(SkippedMember(
+                path=self.top or "",
+                reason=f"{self.unlisted} more members were skipped and are not listed (the list "
+                f"keeps the first {MAX_SKIPPED_LISTED})",
+            ))
 
     def _drop_links_leading_out(self, made: list[tuple[str, str]]) -> None:
         """Remove links that resolve outside the top folder, until none does. Removing one can
