@@ -8,6 +8,7 @@ import json
 from typing import Any, Protocol
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from ..actions import wire_json
 from ..errors import SandboxError, SandboxLostError, ShimReplyError
@@ -148,21 +149,30 @@ class ShimClient:
 def _parse_response(raw: bytes) -> ShimResponse:
     """One reply line as a response whose strings are all readable text.
 
-    The standard library's parser accepts the ``\\udcff`` escapes the shim writes for bytes that
-    are not UTF-8 (pydantic's strict parser would not); :func:`readable` then turns them into
-    visible escapes. ``NaN``/``Infinity`` are refused: they are not JSON.
+    The fast parser (pydantic-core's) refuses ``NaN``/``Infinity`` and lone surrogates, so what
+    it accepts is already readable. It rejects the ``\\udcff`` escapes the shim writes for
+    bytes of a name that are not UTF-8; those lines go through the standard library's parser,
+    which accepts them, and :func:`readable` turns them into visible ``\\xff`` escapes.
 
     Raises:
-        ShimReplyError: the line is not JSON or not a response.
+        ShimReplyError: the line is not strict JSON, or not a response.
     """
     try:
-        data = json.loads(raw, parse_constant=_refuse_constant)
-        return ShimResponse.model_validate(readable(data))
-    except (ValueError, RecursionError) as err:  # ValidationError is a ValueError
-        detail = err.errors()[0]["msg"] if isinstance(err, ValidationError) else str(err)
+        data = from_json(raw, allow_inf_nan=False)
+    except ValueError:
+        try:
+            data = readable(json.loads(raw, parse_constant=_refuse_constant))
+        except (ValueError, RecursionError) as err:
+            raise ShimReplyError(
+                f"a reply from the shim could not be read ({str(err)[:200]}); the request failed, "
+                "the container is kept and the episode can go on"
+            ) from None
+    try:
+        return ShimResponse.model_validate(data)
+    except ValidationError as err:
         raise ShimReplyError(
-            f"a reply from the shim could not be read ({detail[:200]}); the request failed, the "
-            "container is kept and the episode can go on"
+            f"a reply from the shim is not a response ({err.errors()[0]['msg']}); the request "
+            "failed, the container is kept and the episode can go on"
         ) from None
 
 
