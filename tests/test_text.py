@@ -38,3 +38,24 @@ def test_terminal_output_shows_control_characters_instead_of_obeying_them(raw, s
 
 def test_multi_line_blocks_may_keep_their_newlines():
     assert terminal_safe("one\ntwo\r", keep_newlines=True) == "one\ntwo\\r"
+
+
+def test_eval_progress_lines_escape_agent_text(capsys):
+    from softprobe.gym.eval_runner import plain_progress
+
+    plain_progress("task-1: failed: RuntimeError: \r\x1b[2K[5/5] all passed", 1, 5)
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err and "\\r\\x1b[2K" in err
+
+
+def test_demo_steps_escape_observations_and_changed_paths():
+    from softprobe.gym.actions import parse_action
+    from softprobe.gym.demo import _format_step
+    from softprobe.gym.results import StepResult
+
+    step = StepResult(
+        episode_id="e", index=1, action=parse_action({"type": "tool", "name": "shell.exec", "args": {"command": "x"}}),
+        observation="ok\x1b]0;title\x07\rfake", diagnostics={"changed_paths": ["a\x1b[31m"]},
+    )
+    shown = _format_step(step)
+    assert "\x1b" not in shown and "\r" not in shown and "\x07" not in shown
