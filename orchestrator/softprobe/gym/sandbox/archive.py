@@ -304,9 +304,9 @@ def _write_sparse(source: BinaryIO, path: str, size: int, mode: int, mtime: floa
             chunk = source.read(min(_READ_CHUNK, size - offset))
             if not chunk:
                 break
-            view = memoryview(chunk)
-            for start in range(0, len(view), _SPARSE_BLOCK):
-                block = view[start : start + _SPARSE_BLOCK]
+            # bytes == bytes is a memcmp; a memoryview comparison is 40 times slower.
+            for start in range(0, len(chunk), _SPARSE_BLOCK):
+                block = chunk[start : start + _SPARSE_BLOCK]
                 if block != _ZERO_BLOCK[: len(block)]:
                     os.pwrite(fd, block, offset + start)
             offset += len(chunk)
