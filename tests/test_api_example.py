@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 
 from softprobe.gym import create_host_environment
+from softprobe.gym.episode_store import remove_tree
 
 pytestmark = pytest.mark.docker
 
@@ -85,6 +87,9 @@ async def section_3():
 
 def test_section_3_runs_as_written(docker_engine):
     os.makedirs("/tmp/softprobe-gym/seed", exist_ok=True)
+    # The example's run_root and episode id are fixed and it keeps its records; a host refuses an
+    # episode folder that already holds some (EpisodeExistsError), so an earlier run's go first.
+    remove_tree(Path("/tmp/softprobe-gym/train/episodes/train-A-42"))
     seen, result, graded = asyncio.run(section_3())
     assert [[c.value for c in components] for components in seen] == [[0.0], [1.0], [1.0]]
     assert all(c.name == "note_written" and c.kind == "check" for components in seen for c in components)

@@ -27,16 +27,19 @@ SHIM = Path(__file__).resolve().parents[1] / "orchestrator" / "softprobe" / "gym
 ACTION_EXAMPLES = 300
 SHIM_EXAMPLES = 400
 
+invalid_utf8 = st.binary(min_size=1, max_size=64).map(lambda b: b.decode("utf-8", "surrogateescape"))
+# Non-finite and out-of-range numbers (rows 28-29) and keys that are not valid text.
+odd_numbers = st.sampled_from([float("nan"), float("inf"), float("-inf"), 10**400, -(10**30), 2**63])
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    | st.dictionaries(invalid_utf8.map(lambda t: t[:8]), children, min_size=1, max_size=2),
     max_leaves=15,
 )
 odd_paths = st.sampled_from(
     ["", ".", "..", "../..", "/", "/etc/passwd", "a/../../b", "\x00", "a\x00b", "~", "*", "x" * 5000,
      "é/ü", " ", "\n", "a/./b/../c", "//", "hello.txt", "dir/", "dir/new.txt", "\\..\\..", "%2e%2e"]
 ) | st.text(max_size=40)
-invalid_utf8 = st.binary(min_size=1, max_size=64).map(lambda b: b.decode("utf-8", "surrogateescape"))
 huge = st.sampled_from(["x" * 3_000_000, "é" * 500_000])
 tool_names = st.sampled_from(["fs.read", "fs.write", "fs.list", "fs.delete", "shell.exec", "crm.get_account", "crm.list_accounts"]) | st.text(max_size=20)
 args = st.fixed_dictionaries(
@@ -45,7 +48,7 @@ args = st.fixed_dictionaries(
         "path": odd_paths | json_values,
         "content": st.text(max_size=500) | invalid_utf8 | huge | json_values,
         "command": st.sampled_from(["true", "echo hi", "exit 3", "printf '\\377\\376' > bin.dat", "cat bin.dat"]) | json_values,
-        "timeout_s": st.floats() | st.integers() | json_values,
+        "timeout_s": st.floats() | st.integers() | odd_numbers | json_values,
         "id": st.text(max_size=10) | json_values,
     },
 ) | json_values
@@ -58,8 +61,10 @@ file_tool = st.builds(
 shell_tool = st.builds(
     lambda command, timeout: {"type": "tool", "name": "shell.exec", "args": {"command": command, **timeout}},
     st.sampled_from(["true", "echo hi", "exit 3", "printf '\\377\\376' > bin.dat", "cat bin.dat", "mkdir -p dir/sub",
-                     "ln -sf / escape", "mkfifo fifo", "head -c 100000 /dev/urandom"]) | st.text(max_size=30),
-    st.just({}) | st.builds(lambda t: {"timeout_s": t}, st.floats(min_value=-5, max_value=3) | st.integers(-1, 3)),
+                     "ln -sf / escape", "mkfifo fifo", "head -c 100000 /dev/urandom",
+                     "printf x > \"$(printf 'bad\\377name')\"", "mkdir -p \"$(printf 'dir/\\376sub')\""])
+    | st.text(max_size=30),
+    st.just({}) | st.builds(lambda t: {"timeout_s": t}, st.floats(min_value=-5, max_value=3) | st.integers(-1, 3) | odd_numbers),
 )
 crm_tool = st.builds(lambda tool_id: {"type": "tool", "name": "crm.get_account", "args": {"id": tool_id}}, st.text(max_size=12) | json_values)
 actions = st.one_of(
@@ -105,6 +110,11 @@ async def _make_host(run_root: Path, seed: Path) -> Any:
 @settings(max_examples=ACTION_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(action=actions)
 @example(action={"type": "tool", "name": "shell.exec", "args": {"command": "\x00"}})  # found by this fuzz
+@example(action={"type": "tool", "name": "shell.exec", "args": {"command": "true", "timeout_s": float("nan")}})
+@example(action={"type": "tool", "name": "shell.exec", "args": {"command": "true", "timeout_s": 10**400}})
+@example(action={"type": "tool", "name": "fs.read", "args": {"pa\ud800th": "x"}})
+@example(action={"type": "tool", "name": "shell.exec", "args": {"command": "printf x > \"$(printf 'bad\\377')\""}})
+@example(action={"type": "tool", "name": "fs.list", "args": {"path": "."}})  # lists the name above
 def test_random_actions_never_crash_the_host_or_the_shim(fuzz_episode, action):
     host, run, outcomes = fuzz_episode
     try:

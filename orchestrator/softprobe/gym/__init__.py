@@ -6,6 +6,7 @@ The Python counterpart of ``@softprobe/gym``. Start with :func:`create_host_envi
 from .actions import TerminateAction, ToolAction, parse_action
 from .errors import (
     CapabilityError,
+    CheckpointTooLargeError,
     ConfigurationError,
     DockerUnavailableError,
     EpisodeBrokenError,
@@ -25,6 +26,7 @@ from .errors import (
     SandboxError,
     SandboxLostError,
     SandboxStartError,
+    ShimReplyError,
     SplitError,
     SubjectStateError,
     UnsafeArchiveError,
@@ -65,6 +67,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Capabilities",
     "CapabilityError",
+    "CheckpointTooLargeError",
     "Check",
     "CheckOutcome",
     "CheckpointRecord",
@@ -105,6 +108,7 @@ __all__ = [
     "SandboxError",
     "SandboxLostError",
     "SandboxStartError",
+    "ShimReplyError",
     "SplitError",
     "SubjectStateError",
     "StepContext",

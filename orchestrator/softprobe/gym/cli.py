@@ -13,6 +13,7 @@ from typing import Sequence
 from . import __version__
 from .errors import GymError
 from .settings import RUNTIME_ENV
+from .text import terminal_safe
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except GymError as err:
-        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("softprobe-gym: interrupted", file=sys.stderr)
@@ -238,7 +239,7 @@ def _run_grade(args: argparse.Namespace) -> int:
         cases = [case_for(folder, assertions, threshold) for folder in episodes]
         results = asyncio.run(grade_cases(cases, backend=args.backend))
     except (GymError, PromptfooAdapterError) as err:
-        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
     try:
         written = [result.write_artifacts(folder) for folder, result in zip(episodes, results)]
@@ -272,7 +273,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         suite = load_suite(args.suite)
         preflight_suite(suite)  # before anything is written
     except GymError as err:
-        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -298,7 +299,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     try:
         outcome = asyncio.run(main())
     except (GymError, PromptfooAdapterError) as err:
-        print(f"softprobe-gym: error: {err}", file=sys.stderr)
+        print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
     summary = outcome.summary  # type: ignore[attr-defined]
     print(
@@ -318,6 +319,7 @@ class _progress_display:
 
         self._bar = None
         if sys.stderr.isatty():
+            import rich.markup
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -326,7 +328,8 @@ class _progress_display:
             self._task = self._bar.add_task("eval", total=None)
 
             def update(message: str, done: int, total: int) -> None:
-                self._bar.update(self._task, completed=done, total=total, description=message[:60])
+                shown = rich.markup.escape(terminal_safe(message)[:60])  # neither escapes nor markup
+                self._bar.update(self._task, completed=done, total=total, description=shown)
 
             return update
         return plain_progress

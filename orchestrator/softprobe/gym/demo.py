@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from .host import create_host_environment
 from .results import StepResult
+from .text import terminal_safe
 
 
 def _note(account: Any) -> str:
@@ -64,7 +65,7 @@ async def run_demo(*, image: str, run_root: Path, out: Callable[[str], None] = p
         done = await host.finalize(episode_id=episode_id)
         await host.destroy(episode_id=episode_id)
     out("")
-    out(f"final output: {done.final_output}")
+    out(f"final output: {terminal_safe(done.final_output)}")
     out(f"workspace digest: {done.workspace_digest}")
     out(f"artifacts: {done.episode_dir}")
     out(f"  trajectory: {done.trajectory_path}")
@@ -79,9 +80,10 @@ def _format_step(step: StepResult) -> str:
     else:
         called = "terminate"
     observation = step.observation if isinstance(step.observation, str) else json.dumps(step.observation)
-    observation = observation.replace("\n", " ")
-    status = f"error {step.error.type}" if step.error else "ok"
-    changed = ", ".join(step.diagnostics.get("changed_paths", [])) or "-"
+    observation = terminal_safe(observation.replace("\n", " "))
+    called = terminal_safe(called)
+    status = f"error {terminal_safe(step.error.type)}" if step.error else "ok"
+    changed = terminal_safe(", ".join(step.diagnostics.get("changed_paths", []))) or "-"
     return (
         f"step {step.index}: {called}\n"
         f"  -> {status} in {step.duration_ms:.1f} ms; changed: {changed}\n"

@@ -13,10 +13,11 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, EpisodeExistsError
 from .results import StepResult
 
 EPISODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -44,7 +45,28 @@ class EpisodeStore:
         self.workspace_path = self.dir / "workspace"
 
     def create(self, record: dict[str, Any]) -> None:
+        """Claim the folder for a new episode and write its first record.
+
+        The claim is an exclusive create of ``episode.json``, so of two hosts (or processes)
+        sharing a ``run_root`` only one can own an episode id, and nothing already recorded in
+        the folder is ever truncated.
+
+        Raises:
+            EpisodeExistsError: the folder already holds an episode's records.
+        """
         self.dir.mkdir(parents=True, exist_ok=True)
+        held = [p.name for p in (self.record_path, self.trajectory_path, self.result_path) if p.exists()]
+        try:
+            if held:
+                raise FileExistsError
+            os.close(os.open(self.record_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            raise EpisodeExistsError(
+                f"the folder {self.dir} already holds the records of an episode "
+                f"({', '.join(held) or 'episode.json'}), from an earlier run or another host on "
+                "this run_root; nothing in it was changed. Use another episode_id or run_root, or "
+                "remove that folder if its records are no longer needed."
+            ) from None
         self.write_record(record)
         self.start_trajectory()
 
@@ -72,11 +94,37 @@ class EpisodeStore:
         _atomic_write(self.result_path, result_json)
 
     def clear_workspace(self) -> None:
-        shutil.rmtree(self.workspace_path, ignore_errors=True)
+        """Delete ``workspace/`` (blocking: call it off the event loop)."""
+        remove_tree(self.workspace_path)
 
     def remove(self) -> None:
+        """Delete the whole folder (blocking: call it off the event loop)."""
         self.close_trajectory()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_tree(self.dir)
+
+
+def remove_tree(path: Path) -> None:
+    """``rm -rf path``, also through folders whose saved mode denies it (a ``chmod 500`` folder
+    copied out of a workspace): such a folder is made writable, then emptied."""
+
+    def unlock_and_retry(func: Any, failed: str, _exc: Any) -> None:
+        parent = os.path.dirname(failed)
+        try:
+            os.chmod(parent, 0o700)
+            if func is os.open or func is os.scandir or func is os.rmdir and os.path.isdir(failed):
+                os.chmod(failed, 0o700)
+                shutil.rmtree(failed, ignore_errors=True)
+            else:
+                func(failed)
+        except OSError:
+            pass  # gone already, or truly not ours to delete
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=unlock_and_retry)
+    else:
+        shutil.rmtree(path, onerror=unlock_and_retry)
+    if os.path.lexists(path):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -102,8 +102,31 @@ class SandboxLostError(SandboxError):
     """The container or its shim died, or the shim stopped answering, in the middle of a call."""
 
 
+class ShimReplyError(SandboxError):
+    """A reply from the shim could not be read (not strict JSON, or not the protocol's shape).
+
+    Only that request failed: the container and the connection are kept, the episode is not
+    marked broken, and the next call may work. A tool the request ran may have had effects.
+    """
+
+
 class UnsafeArchiveError(SandboxError):
     """An archive copied out of a container held a member that would land outside its destination."""
+
+
+class CheckpointTooLargeError(GymError):
+    """The container's filesystem changes exceed ``checkpoint_budget_bytes``; nothing was
+    committed and the episode goes on. Delete large files first, or raise the budget.
+
+    Attributes:
+        size_bytes: the size of the changes (apparent size, as Docker counts it).
+        budget_bytes: the budget.
+    """
+
+    def __init__(self, message: str, *, size_bytes: int, budget_bytes: int) -> None:
+        super().__init__(message)
+        self.size_bytes = size_bytes
+        self.budget_bytes = budget_bytes
 
 
 class CapabilityError(GymError):
@@ -162,6 +185,7 @@ class LeakageError(GymError):
 
 __all__ = [
     "CapabilityError",
+    "CheckpointTooLargeError",
     "ConfigurationError",
     "DockerUnavailableError",
     "EpisodeBrokenError",
@@ -181,6 +205,7 @@ __all__ = [
     "SandboxError",
     "SandboxLostError",
     "SandboxStartError",
+    "ShimReplyError",
     "SplitError",
     "SubjectStateError",
     "UnsafeArchiveError",

@@ -23,12 +23,14 @@ from typing import Any, Callable
 import docker.errors
 from pydantic import BaseModel
 
+from .episode_store import EPISODE_ID_PATTERN, remove_tree
 from .errors import GymError
 from .export import trajectory_steps
 from .host import create_host_environment
 from .session import RolloutResult, create_training_session
 from .splits import assert_no_leakage, partition_train_eval
 from .suite import Suite, SuiteError, Task
+from .text import terminal_safe
 
 
 class TaskRecord(BaseModel):
@@ -167,6 +169,9 @@ async def run_suite(
         shutil.rmtree(out / "grading", ignore_errors=True)  # a previous run's grading artifacts
     pending = [t for t in tasks if t.id not in finished]
     total, done = len(tasks), len(tasks) - len(pending)
+    # A task that runs (again) starts from an empty episode folder: hosts refuse a folder that
+    # already holds records (EpisodeExistsError), and the old ones belong to no finished task.
+    await asyncio.to_thread(_clear_episode_folders, out / "runs" / "episodes", [t.id for t in pending])
     if finished:
         progress(f"resuming: {len(finished & {t.id for t in tasks})} tasks already finished", done, total)
     by_id = {t.id: t for t in tasks}
@@ -420,9 +425,17 @@ def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: floa
     }
 
 
+def _clear_episode_folders(episodes_dir: Path, task_ids: list[str]) -> None:
+    for task_id in task_ids:
+        folder = episodes_dir / task_id
+        # Only names that can be episode ids: never a path that climbs out.
+        if EPISODE_ID_PATTERN.match(task_id) and folder.is_dir():
+            remove_tree(folder)
+
+
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
 
 
 def plain_progress(message: str, done: int, total: int) -> None:
-    print(f"[{done}/{total}] {message}", file=sys.stderr, flush=True)
+    print(f"[{done}/{total}] {terminal_safe(message)}", file=sys.stderr, flush=True)

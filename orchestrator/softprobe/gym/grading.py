@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from .errors import ConfigurationError
 from .export import final_output_of, trajectory_digest, trajectory_steps
 from .results import StepResult
+from .text import terminal_safe
 
 
 def load_assertions(path: Path) -> tuple[list[dict[str, Any]], float | None]:
@@ -100,13 +101,16 @@ def verdict(outcome: Any) -> str:
 
 
 def format_table(results: list[Any]) -> str:
-    """The ``grade`` table: one line per outcome, then the counts (errored ones apart, no score)."""
-    width = max([len("episode")] + [len(r.attempt_id) for r in results])
+    """The ``grade`` table: one line per outcome, then the counts (errored ones apart, no score).
+    Every cell is escaped for the terminal (agent text can hold carriage returns or escape
+    sequences that would otherwise redraw a FAIL row as a pass)."""
+    ids = [terminal_safe(r.attempt_id) for r in results]
+    width = max([len("episode")] + [len(i) for i in ids])
     lines = [f"{'episode':{width}}  result  score   backend  reason", "-" * (width + 48)]
-    for r in results:
-        reason = (r.reason if r.status == "succeeded" else f"{r.status}: {r.error}").replace("\n", " ")
+    for r, attempt_id in zip(results, ids):
+        reason = terminal_safe(r.reason if r.status == "succeeded" else f"{r.status}: {r.error}")
         score = f"{r.score:6.3f}" if r.score is not None else f"{'-':>6}"
-        lines.append(f"{r.attempt_id:{width}}  {verdict(r):6}  {score}  {r.backend:7}  {reason[:90]}")
+        lines.append(f"{attempt_id:{width}}  {verdict(r):6}  {score}  {terminal_safe(r.backend):7}  {reason[:90]}")
     passed = sum(r.passed for r in results)
     errored = sum(r.status != "succeeded" for r in results)
     summary = f"{passed} passed, {len(results) - passed - errored} failed, {errored} errored"

@@ -34,6 +34,7 @@ from typing import Any, Coroutine, SupportsFloat, TypeVar
 import gymnasium
 from gymnasium import spaces
 
+from .actions import loads_action
 from .errors import InvalidActionError
 from .host import DEFAULT_IMAGE, create_host_environment
 from .rewards import Aggregate, RewardFrom, RewardTracker
@@ -109,12 +110,9 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
 
     def step(self, action: Any) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Run one action; see the module docstring for its forms and what comes back."""
-        if isinstance(action, (str, bytes)):
-            try:
-                action = json.loads(action)
-            except ValueError as err:
-                return self._refused(f"the action is not JSON: {err}")
         try:
+            if isinstance(action, (str, bytes)):
+                action = loads_action(action)  # strict JSON: NaN and Infinity refused
             result = self._run(self._host.step(episode_id=self._episode_id, action=action))
         except InvalidActionError as err:
             return self._refused(str(err))

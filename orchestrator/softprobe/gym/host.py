@@ -52,6 +52,10 @@ from .sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from .settings import Capabilities, ContainerSettings
 
 DEFAULT_IMAGE = "softprobe/base:latest"
+#: Default of ``artifact_budget_bytes``: the most file data finalize copies out of a workspace.
+DEFAULT_ARTIFACT_BUDGET_BYTES = 2 * 1024**3
+#: Default of ``checkpoint_budget_bytes``: the most filesystem changes a checkpoint commits.
+DEFAULT_CHECKPOINT_BUDGET_BYTES = 2 * 1024**3
 
 
 @dataclass
@@ -118,6 +122,8 @@ class HostEnvironment:
         pool_size: int = 0,
         max_containers: int | None = None,
         workspace_tracking: str = "inotify",
+        artifact_budget_bytes: int | None = None,
+        checkpoint_budget_bytes: int | None = None,
     ) -> None:
         self.run_root = run_root
         self.seed_root = seed_root
@@ -128,6 +134,8 @@ class HostEnvironment:
         self.max_tool_timeout_s = max_tool_timeout_s
         self.output_cap_bytes = output_cap_bytes
         self.max_steps = max_steps
+        self.artifact_budget_bytes = artifact_budget_bytes
+        self.checkpoint_budget_bytes = checkpoint_budget_bytes
         self.host_id = uuid.uuid4().hex[:16]
         self._on_step = on_step
         self._subject = subject
@@ -186,7 +194,9 @@ class HostEnvironment:
 
         Raises:
             ConfigurationError: the id is not of that form.
-            EpisodeExistsError: this host already has an episode with that id.
+            EpisodeExistsError: this host already has an episode with that id, or its folder
+                already holds records (an earlier run, or another host on the same
+                ``run_root``); nothing in that folder is changed.
         """
         self._check_open()
         episode_id = validate_episode_id(
@@ -205,8 +215,8 @@ class HostEnvironment:
             if not seed.is_dir():
                 raise ConfigurationError(f"seed_root {seed} is not a directory")
         episode = _Episode(episode_id, EpisodeStore(self.run_root, episode_id), max_steps=max_steps, seed_root=seed)
+        episode.store.create(self._record(episode))  # claims the folder, or EpisodeExistsError
         self._episodes[episode_id] = episode
-        episode.store.create(self._record(episode))
         return EpisodeHandle(
             episode_id=episode_id, state=episode.state, episode_dir=episode.store.dir
         )
@@ -233,13 +243,15 @@ class HostEnvironment:
             await self._drop_sandbox(episode, background=True)
             await self._hold_slot(episode)
             try:
+                self._require_not_destroyed(episode, "reset")  # destroyed while it waited
                 sandbox = await self._start_for(episode_id, episode.seed_root or self.seed_root)
             except BaseException:
                 self._release_slot(episode)
                 raise
             if episode.state is EpisodeState.DESTROYED:  # destroyed while the container started
                 await sandbox.remove()
-                require(episode_id, episode.state, "reset")
+                self._release_slot(episode)
+                self._require_not_destroyed(episode, "reset")
             episode.sandbox = sandbox
             episode.steps = []
             episode.broken = None
@@ -283,8 +295,11 @@ class HostEnvironment:
 
         Raises:
             InvalidActionError: ``action`` is not an action (the episode is unchanged).
-            LifecycleError: the episode is not ``ready`` or ``running``.
+            LifecycleError: the episode is not ``ready`` or ``running``, or it was destroyed
+                while the step ran (the step is then not recorded; it stays destroyed).
             EpisodeBrokenError: the container or shim died or hung; ``reset`` or ``destroy`` it.
+            ShimReplyError: the shim's reply could not be read; the step is not recorded, the
+                episode is not broken (the tool may have had effects).
             OnStepHookError: the ``on_step`` hook raised (the step ran and is recorded).
         """
         return await self._step(episode_id, action, score=None)
@@ -314,6 +329,7 @@ class HostEnvironment:
                 }
             else:
                 call = await self._call_tool(episode, sandbox, parsed)
+                self._require_not_destroyed(episode, "step")
                 observation, error, diagnostics = call.observation, call.error, call.diagnostics
                 episode.workspace_digest = diagnostics["workspace_digest"]
             terminated = isinstance(parsed, TerminateAction)
@@ -331,12 +347,14 @@ class HostEnvironment:
                 source_trace_id=episode.source_trace_id,
             )
             hook_error = await self._run_hook(episode, sandbox, parsed, result)
+            self._require_not_destroyed(episode, "step")
             score_error: GymError | None = None
             if score is not None and hook_error is None:
                 try:
                     await score(result)
                 except GymError as err:
                     score_error = err
+                self._require_not_destroyed(episode, "step")
             result.duration_ms = _ms_since(started)
             episode.steps.append(result)
             episode.store.append_step(result)
@@ -357,10 +375,13 @@ class HostEnvironment:
         """Snapshot the episode's container filesystem (``docker commit``) for a later fork.
 
         Needs the ``environment_checkpoint`` capability. Captures the filesystem (workspace
-        included), not process memory, volumes or tmpfs mounts.
+        included), not process memory, volumes or tmpfs mounts. At most
+        ``checkpoint_budget_bytes`` of filesystem changes are committed.
 
         Raises:
             CapabilityError: ``environment_checkpoint`` was not declared (nothing is committed).
+            CheckpointTooLargeError: the changes exceed ``checkpoint_budget_bytes`` (nothing is
+                committed; the episode goes on).
             LifecycleError / EpisodeBrokenError: the episode has no live container.
             SubjectStateError: ``subject.export_state`` raised (nothing is committed).
         """
@@ -387,10 +408,22 @@ class HostEnvironment:
                         f"{type(err).__name__}: {err}. Nothing was committed; the episode goes on "
                         "unchanged. Fix the subject adapter, then checkpoint again."
                     ) from err
-            # What is committed is described by a digest taken now, after a sweep, not by the
-            # last step's (incremental) one.
-            episode.workspace_digest = await episode.sandbox.rescan()
-            image_id = await episode.sandbox.commit(labels=labels)
+                self._require_not_destroyed(episode, "checkpoint")
+            try:
+                # What is committed is described by a digest taken now, after a sweep, not by
+                # the last step's (incremental) one.
+                workspace_digest = await episode.sandbox.rescan()
+                image_id = await episode.sandbox.commit(labels=labels, max_bytes=self.checkpoint_budget_bytes)
+            except Exception:
+                self._require_not_destroyed(episode, "checkpoint")  # it failed *because* of that
+                raise
+            try:
+                self._require_not_destroyed(episode, "checkpoint")
+            except BaseException:
+                # Nobody will ever own this image: remove it rather than leak it.
+                await asyncio.shield(self._backend.remove_image(image_id))
+                raise
+            episode.workspace_digest = workspace_digest
             record = CheckpointRecord(
                 checkpoint_id=checkpoint_id,
                 episode_id=episode_id,
@@ -506,6 +539,9 @@ class HostEnvironment:
                 self._spec(labels=self._labels(child.episode_id), seed=False, image=record.image_id)
             )
             child.sandbox = sandbox
+            if child.state is EpisodeState.DESTROYED:  # destroyed while its container started
+                await self._drop_sandbox(child, release=True)
+                self._require_not_destroyed(child, "fork")
             if sandbox.hello.workspace_digest != record.workspace_digest:
                 raise ForkVerificationError(
                     f"checkpoint {record.checkpoint_id} came back with workspace digest "
@@ -520,6 +556,7 @@ class HostEnvironment:
                     f"raised {type(err).__name__}: {err}. The child was removed; fix the subject "
                     "adapter, then fork again."
                 ) from err
+            self._require_not_destroyed(child, "fork")
             child.steps = [
                 step.model_copy(update={"episode_id": child.episode_id, "source_trace_id": child.source_trace_id})
                 for step in entry.steps
@@ -582,28 +619,43 @@ class HostEnvironment:
         """Seal the episode: copy its final workspace out, write its records, stop its container.
 
         Writes ``run_root/episodes/<id>/``: ``trajectory.jsonl`` (already appended per step),
-        ``result.json`` and ``workspace/`` (extracted safely: no member may land outside it).
+        ``result.json`` and ``workspace/``. The workspace is extracted safely: nothing is written
+        and no link made that leads outside ``workspace/``; permission bits are kept (minus
+        setuid, setgid, sticky); sparse files stay sparse; at most ``artifact_budget_bytes`` of
+        file data are copied. Whatever is not recreated is listed in ``skipped_paths`` with the
+        reason, as readable text (links leading out, FIFOs, names that are not UTF-8 or too long
+        for the host, what the budget cut off), and ``result.json`` is still written.
 
         A broken episode (its container died: see :class:`EpisodeBrokenError`) is finalized
         with what the host knows: its trajectory and ``broken`` (why it broke) are recorded,
         and ``workspace_path`` is ``None`` (there is no workspace to collect).
 
         Raises:
-            LifecycleError: the episode never ran, or is already finalized or destroyed.
-            UnsafeArchiveError: the workspace archive held a member whose name escapes the
-                folder (links leading out and FIFOs are skipped instead: ``skipped_paths``).
+            LifecycleError: the episode never ran, is already finalized or destroyed, or was
+                destroyed while finalize ran (it stays destroyed; no ``result.json``).
+            UnsafeArchiveError: the workspace archive held a member whose *name* escapes the
+                folder (no copy of a real folder has one).
         """
         episode = self._get(episode_id)
         require(episode_id, episode.state, "finalize")
         async with episode.lock:
             require(episode_id, episode.state, "finalize")
             store = episode.store
-            store.clear_workspace()
+            await asyncio.to_thread(store.clear_workspace)
+            self._require_not_destroyed(episode, "finalize")
             skipped = []
             if episode.broken is None:
                 assert episode.sandbox is not None
-                episode.workspace_digest = await episode.sandbox.rescan()  # exactly what is copied out
-                skipped = await episode.sandbox.copy_out("/workspace", store.dir)
+                try:
+                    # Exactly what is copied out: a full walk after the sweep.
+                    episode.workspace_digest = await episode.sandbox.rescan()
+                    skipped = await episode.sandbox.copy_out(
+                        "/workspace", store.dir, byte_budget=self.artifact_budget_bytes
+                    )
+                except Exception:
+                    self._require_not_destroyed(episode, "finalize")  # it failed *because* of that
+                    raise
+                self._require_not_destroyed(episode, "finalize")
             last = episode.steps[-1] if episode.steps else None
             final_output = (
                 last.action.output
@@ -627,8 +679,10 @@ class HostEnvironment:
             )
             store.write_result(result.model_dump_json(indent=2))
             store.close_trajectory()
-            await self._drop_sandbox(episode, release=True)
+            # Finalized before the await: a destroy meanwhile then moves it on to destroyed,
+            # never the other way round.
             episode.state = EpisodeState.FINALIZED
+            await self._drop_sandbox(episode, release=True)
             store.write_record(self._record(episode))
             return result
 
@@ -636,10 +690,14 @@ class HostEnvironment:
         """Release the episode: remove its container and its checkpoint images.
 
         Idempotent: destroying a destroyed episode does nothing. Safe in any state, also while a
-        step runs (the step then fails with LifecycleError).
+        step, hook, checkpoint or finalize runs: that call then fails with LifecycleError and
+        the episode stays destroyed.
 
         Args:
-            cleanup: also delete the episode's folder under ``run_root``.
+            cleanup: also delete the episode's folder under ``run_root``, once any call in flight
+                on the episode has stopped (so an ``on_step`` hook must not destroy its own
+                episode with ``cleanup=True``: it would wait for itself). The deletion runs in a
+                worker thread, so other episodes' steps are not held up by a large folder.
 
         Raises:
             EpisodeNotFoundError: this host never had the episode.
@@ -661,7 +719,10 @@ class HostEnvironment:
             if not cleanup:
                 episode.store.write_record(self._record(episode))
         if cleanup:
-            episode.store.remove()
+            # After the call in flight (which fails now that the container is gone) has let go,
+            # so nothing writes into the folder while or after it is deleted.
+            async with episode.lock:
+                await asyncio.to_thread(episode.store.remove)
 
     async def close(self) -> None:
         """Destroy every episode this host still holds (their folders stay) and release Docker.
@@ -708,6 +769,15 @@ class HostEnvironment:
     def _check_open(self) -> None:
         if self._closed:
             raise LifecycleError("*", "closed", "use", "this host is closed; create a new one")
+
+    @staticmethod
+    def _require_not_destroyed(episode: _Episode, operation: str) -> None:
+        """Checked after every await of a call: destroy may have run meanwhile, and a destroyed
+        episode must stay destroyed (no state change, no record written)."""
+        if episode.state is EpisodeState.DESTROYED:
+            raise LifecycleError(
+                episode.episode_id, "destroyed", operation, "it was destroyed while the call ran"
+            )
 
     def _require_usable(self, episode: _Episode, operation: str) -> None:
         require(episode.episode_id, episode.state, operation)
@@ -887,6 +957,8 @@ def create_host_environment(
     pool_size: int = 0,
     max_containers: int | None = None,
     workspace_tracking: str = "inotify",
+    artifact_budget_bytes: int | None = DEFAULT_ARTIFACT_BUDGET_BYTES,
+    checkpoint_budget_bytes: int | None = DEFAULT_CHECKPOINT_BUDGET_BYTES,
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own Docker container.
 
@@ -919,6 +991,12 @@ def create_host_environment(
         workspace_tracking: how the shim keeps ``workspace_digest`` current: ``"inotify"``
             (default: cost in proportion to what changed; misses writes made through ``mmap``)
             or ``"scan"`` (re-read the whole workspace after each process: exact, slower).
+        artifact_budget_bytes: the most file data (apparent size) ``finalize`` copies out of
+            a workspace (default 2 GiB). Enforced while the copy streams; what would exceed it
+            is not copied and is listed in ``skipped_paths``. ``None``: no limit.
+        checkpoint_budget_bytes: the most filesystem changes (apparent size, as Docker's
+            ``SizeRw`` counts them) a ``checkpoint`` commits (default 2 GiB); over it,
+            ``CheckpointTooLargeError`` and nothing is committed. ``None``: no limit.
 
     Raises:
         ConfigurationError: an argument is invalid or of the wrong type (checked by
@@ -935,6 +1013,7 @@ def create_host_environment(
         output_cap_bytes=output_cap_bytes, max_steps=max_steps, docker_host=docker_host,
         backend=backend, sweep_on_start=sweep_on_start, pool_size=pool_size,
         max_containers=max_containers, workspace_tracking=workspace_tracking,
+        artifact_budget_bytes=artifact_budget_bytes, checkpoint_budget_bytes=checkpoint_budget_bytes,
     )
     try:
         options.run_root.mkdir(parents=True, exist_ok=True)
@@ -963,6 +1042,8 @@ def create_host_environment(
         pool_size=options.pool_size,
         max_containers=options.max_containers,
         workspace_tracking=options.workspace_tracking,
+        artifact_budget_bytes=options.artifact_budget_bytes,
+        checkpoint_budget_bytes=options.checkpoint_budget_bytes,
     )
 
 

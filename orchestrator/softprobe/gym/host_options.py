@@ -40,8 +40,8 @@ class HostOptions(BaseModel):
     on_step: Callable[..., Any] | None = None
     subject: Any = None
     container: ContainerSettings = Field(default_factory=ContainerSettings)
-    tool_timeout_s: float = Field(strict=True, gt=0)
-    max_tool_timeout_s: float = Field(strict=True, gt=0)
+    tool_timeout_s: float = Field(strict=True, gt=0, allow_inf_nan=False)
+    max_tool_timeout_s: float = Field(strict=True, gt=0, allow_inf_nan=False)
     output_cap_bytes: StrictInt = Field(ge=1024)
     max_steps: StrictInt | None = Field(default=None, ge=1)
     docker_host: StrictStr | None = None
@@ -50,6 +50,8 @@ class HostOptions(BaseModel):
     pool_size: StrictInt = Field(default=0, ge=0)
     max_containers: StrictInt | None = Field(default=None, ge=1)
     workspace_tracking: Literal["inotify", "scan"] = "inotify"
+    artifact_budget_bytes: StrictInt | None = Field(default=None, ge=0)
+    checkpoint_budget_bytes: StrictInt | None = Field(default=None, ge=0)
 
     @field_validator("run_root", "seed_root")
     @classmethod

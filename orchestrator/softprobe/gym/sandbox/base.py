@@ -87,11 +87,16 @@ class Sandbox(ABC):
         """
 
     @abstractmethod
-    async def copy_out(self, path: str, destination: Path) -> list[SkippedMember]:
+    async def copy_out(
+        self, path: str, destination: Path, *, byte_budget: int | None = None
+    ) -> list[SkippedMember]:
         """Copy ``path`` (a directory in the container) to ``destination/<basename>`` on the host.
 
-        Nothing is written outside ``destination``. Links leading outside it and special files
-        (FIFOs, devices) are not recreated; they are returned as skipped members.
+        Nothing is written, and no link made, that leads outside ``destination/<basename>``.
+        Permission bits are kept (setuid, setgid and sticky dropped); sparse files stay sparse.
+        What is not recreated is returned as skipped members, as readable text: links leading
+        out, special files (FIFOs, devices), names that are not UTF-8 or too long for the host,
+        and, once ``byte_budget`` bytes of file data would be exceeded, the rest of the copy.
 
         Raises:
             UnsafeArchiveError: a member's name would land outside ``destination``.
@@ -99,14 +104,20 @@ class Sandbox(ABC):
         """
 
     @abstractmethod
-    async def commit(self, *, labels: dict[str, str]) -> str:
+    async def commit(self, *, labels: dict[str, str], max_bytes: int | None = None) -> str:
         """Snapshot the container's filesystem as a new image carrying ``labels``; return its id.
 
         Only called between tool calls, when no process of a tool is running. Chains of commits
         (checkpoint, fork from it, checkpoint again...) never hit the storage driver's layer
         limit: a provider flattens the image before it would.
 
+        Args:
+            max_bytes: refuse when the container's filesystem changes (apparent size, so a
+                sparse file counts at its full length, as an image layer would store it) exceed
+                this; checked before anything is committed.
+
         Raises:
+            CheckpointTooLargeError: the changes exceed ``max_bytes``; nothing was committed.
             SandboxError: the commit failed (after retries).
         """
 

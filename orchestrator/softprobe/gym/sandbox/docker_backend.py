@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import io
 import json
 import os
 import tarfile
@@ -23,11 +24,13 @@ from typing import Any, Callable, TypeVar
 import docker
 import docker.errors
 import requests.exceptions
+import urllib3.exceptions
 from docker.types import Ulimit
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from .. import labels as L
 from ..errors import (
+    CheckpointTooLargeError,
     ConfigurationError,
     DockerUnavailableError,
     ImageNotFoundError,
@@ -573,6 +576,28 @@ def _tree_signature(root: Path) -> tuple[Any, ...]:
     return tuple(entries)
 
 
+class _ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (Docker's archive stream)."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = iter(chunks)
+        self._chunk = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._chunk:
+            try:
+                self._chunk = memoryview(next(self._chunks))
+            except StopIteration:
+                return 0
+        count = min(len(buffer), len(self._chunk))
+        buffer[:count] = self._chunk[:count]
+        self._chunk = self._chunk[count:]
+        return count
+
+
 class DockerSandbox(Sandbox):
     """A running episode container and the shim client talking to it."""
 
@@ -641,29 +666,54 @@ class DockerSandbox(Sandbox):
     async def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str:
         return await self._shim.read_text(path, max_bytes=max_bytes)
 
-    async def copy_out(self, path: str, destination: Path) -> list[SkippedMember]:
-        return await self._backend._run(self._copy_out, path, destination)
+    async def copy_out(
+        self, path: str, destination: Path, *, byte_budget: int | None = None
+    ) -> list[SkippedMember]:
+        return await self._backend._run(self._copy_out, path, destination, byte_budget)
 
-    def _copy_out(self, path: str, destination: Path) -> list[SkippedMember]:
+    def _copy_out(self, path: str, destination: Path, byte_budget: int | None) -> list[SkippedMember]:
         api = self._backend.client.api
-        stream, _ = control_plane(api.get_archive)(self.sandbox_id, path)
-        with tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024) as buffer:
-            for chunk in stream:
-                buffer.write(chunk)
-            buffer.seek(0)
-            return safe_extract(buffer, destination)  # type: ignore[arg-type]
+        try:
+            stream, _ = control_plane(api.get_archive)(self.sandbox_id, path)
+        except docker.errors.APIError as err:
+            raise SandboxError(f"copying {path} out of the container failed: {err}") from None
+        # Extracted as it arrives: never spooled, so the budget bounds what the host stores, and
+        # a budget reached early stops the transfer (closing the stream drops the connection).
+        try:
+            return safe_extract(_ChunkReader(stream), destination, byte_budget=byte_budget)  # type: ignore[arg-type]
+        except (tarfile.TarError, requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as err:
+            raise SandboxError(f"copying {path} out of the container failed: {err}") from None
+        finally:
+            stream.close()
 
-    async def commit(self, *, labels: dict[str, str]) -> str:
-        return await self._backend._run(self._commit, labels)
+    async def commit(self, *, labels: dict[str, str], max_bytes: int | None = None) -> str:
+        return await self._backend._run(self._commit, labels, max_bytes)
 
-    def _commit(self, labels: dict[str, str]) -> str:
+    def _commit(self, labels: dict[str, str], max_bytes: int | None = None) -> str:
         api = self._backend.client.api
+        if max_bytes is not None:
+            self._check_size(max_bytes)
         image = control_plane(api.inspect_image)(self.image_id)
         if len(image["RootFS"]["Layers"]) + 1 >= self._backend.flatten_at_layers:
             return self._flatten(image["Config"] or {}, labels)
         # No pause: commit only happens between steps, when no tool process is alive to write.
         response = control_plane(api.commit)(self.sandbox_id, conf={"Labels": labels}, pause=False)
         return str(response["Id"])
+
+    def _check_size(self, max_bytes: int) -> None:
+        """Refuse a commit whose layer would exceed ``max_bytes``. Docker's ``SizeRw`` is the
+        apparent size of the container's changes: what ``docker commit`` copies into the layer."""
+        api = self._backend.client.api
+        listed = control_plane(api.containers)(all=True, filters={"id": self.sandbox_id}, size=True)
+        size = int((listed[0].get("SizeRw") if listed else 0) or 0)
+        if size > max_bytes:
+            raise CheckpointTooLargeError(
+                f"the container's filesystem changes are {size} bytes, over the checkpoint budget "
+                f"of {max_bytes} bytes (checkpoint_budget_bytes); nothing was committed. Delete "
+                "large files first (sparse files count at their full length), or raise the budget.",
+                size_bytes=size,
+                budget_bytes=max_bytes,
+            )
 
     def _flatten(self, config: dict[str, Any], labels: dict[str, str]) -> str:
         """Snapshot as a one-layer image: export the container's filesystem, import it with the

@@ -8,8 +8,11 @@ import json
 from typing import Any, Protocol
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
-from ..errors import SandboxError, SandboxLostError
+from ..actions import wire_json
+from ..errors import SandboxError, SandboxLostError, ShimReplyError
+from ..text import readable
 from .protocol import (
     CallRequest,
     CallResult,
@@ -52,7 +55,13 @@ class ShimClient:
     Raises:
         SandboxLostError: the channel closed, or no answer came within the request's deadline.
             The connection is unusable after this; the episode must be reset.
-        SandboxError: the shim refused the request (a protocol error on our side).
+        ShimReplyError: the answer could not be read (not strict JSON, or not the shape the
+            protocol defines). Only that request failed; the connection stays usable.
+        SandboxError: the shim refused the request (a protocol error on our side), or the
+            request could not be encoded.
+
+    Every string of a reply reaches the caller as readable text: lone surrogates (file names
+    that are not UTF-8) become backslash escapes, so results can always be written as JSON.
     """
 
     def __init__(self, channel: LineChannel) -> None:
@@ -67,18 +76,18 @@ class ShimClient:
         return self._lost
 
     async def hello(self, *, timeout_s: float) -> HelloResult:
-        return HelloResult.model_validate(await self._request(HelloRequest(), timeout_s))
+        return _validated(HelloResult, await self._request(HelloRequest(), timeout_s), "hello")
 
     async def call_tool(
         self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int
     ) -> CallResult:
         request = CallRequest(tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap)
-        return CallResult.model_validate(await self._request(request, timeout_s + RESPONSE_GRACE_S))
+        return _validated(CallResult, await self._request(request, timeout_s + RESPONSE_GRACE_S), "call")
 
     async def seed(self, archive: bytes) -> HelloResult:
         """Have the shim extract a tar of seed files into the workspace; return its new hello."""
         request = SeedRequest(archive=base64.b64encode(archive).decode("ascii"))
-        return HelloResult.model_validate(await self._request(request, RESPONSE_GRACE_S + 60))
+        return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S + 60), "seed")
 
     async def exists(self, path: str) -> bool:
         return bool(await self._request(ExistsRequest(path=path), RESPONSE_GRACE_S))
@@ -101,7 +110,12 @@ class ShimClient:
             request_id = self._next_id
             payload = request.model_dump()
             payload["id"] = request_id
-            line = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            try:
+                line = wire_json(payload)
+            except (ValueError, TypeError, UnicodeEncodeError, RecursionError) as err:
+                raise SandboxError(
+                    f"a {request.op!r} request could not be encoded as JSON ({err}); nothing was sent"
+                ) from None
             try:
                 if _timeout is not None:  # no extra task per request (Python >= 3.11)
                     async with _timeout(deadline_s):
@@ -124,11 +138,7 @@ class ShimClient:
     async def _exchange(self, line: bytes, request_id: int) -> ShimResponse:
         await self._channel.send_line(line)
         while True:
-            raw = await self._channel.recv_line()
-            try:
-                response = ShimResponse.model_validate_json(raw)
-            except ValidationError as err:
-                raise EOFError(f"unreadable message from the shim: {err.errors()[0]['msg']}") from None
+            response = _parse_response(await self._channel.recv_line())
             # id None: the shim could not even read the request's id.
             if response.id == request_id or response.id is None:
                 return response
@@ -139,3 +149,48 @@ class ShimClient:
         self._lost = reason + (f"; shim stderr: {extra}" if extra else "")
         self._channel.close()
         return SandboxLostError(self._lost)
+
+
+def _parse_response(raw: bytes) -> ShimResponse:
+    """One reply line as a response whose strings are all readable text.
+
+    The fast parser (pydantic-core's) refuses ``NaN``/``Infinity`` and lone surrogates, so what
+    it accepts is already readable. It rejects the ``\\udcff`` escapes the shim writes for
+    bytes of a name that are not UTF-8; those lines go through the standard library's parser,
+    which accepts them, and :func:`readable` turns them into visible ``\\xff`` escapes.
+
+    Raises:
+        ShimReplyError: the line is not strict JSON, or not a response.
+    """
+    try:
+        data = from_json(raw, allow_inf_nan=False)
+    except ValueError:
+        try:
+            data = readable(json.loads(raw, parse_constant=_refuse_constant))
+        except (ValueError, RecursionError) as err:
+            raise ShimReplyError(
+                f"a reply from the shim could not be read ({str(err)[:200]}); the request failed, "
+                "the container is kept and the episode can go on"
+            ) from None
+    try:
+        return ShimResponse.model_validate(data)
+    except ValidationError as err:
+        raise ShimReplyError(
+            f"a reply from the shim is not a response ({err.errors()[0]['msg']}); the request "
+            "failed, the container is kept and the episode can go on"
+        ) from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _validated(model: Any, result: Any, op: str) -> Any:
+    try:
+        return model.model_validate(result)
+    except ValidationError as err:
+        where = ".".join(str(p) for p in err.errors()[0]["loc"]) or "result"
+        raise ShimReplyError(
+            f"the shim's reply to a {op!r} request is not the protocol's shape ({where}: "
+            f"{err.errors()[0]['msg']}); the request failed, the container is kept"
+        ) from None
