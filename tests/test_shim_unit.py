@@ -263,3 +263,30 @@ def test_a_shim_that_is_not_a_containers_init_never_signals_other_processes(tmp_
         shim_process.wait()
         bystander.kill()
         bystander.wait()
+
+
+def test_a_declared_tool_printing_nan_is_a_tool_failure_not_an_unreadable_reply(tmp_path):
+    """The host refuses NaN/Infinity in replies, so the shim must never send them."""
+    import json
+    import subprocess
+    import sys
+
+    manifest = tmp_path / "tools.json"
+    manifest.write_text(json.dumps({"tools": {"nan.tool": {
+        "command": [sys.executable, "-c", "print('{\"x\": NaN}')"], "output": "json"}}}))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    shim_process = subprocess.Popen(
+        [sys.executable, "-I", shim.__file__, "--workspace", str(workspace), "--manifest", str(manifest)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    try:
+        request = {"id": 1, "op": "call", "tool": "nan.tool", "args": {}, "timeout_s": 10, "output_cap": 1024}
+        shim_process.stdin.write(json.dumps(request).encode() + b"\n")
+        shim_process.stdin.flush()
+        line = shim_process.stdout.readline()
+        reply = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in the reply"))
+        assert reply["ok"] and reply["result"]["error"]["type"] == "tool_failed"
+    finally:
+        shim_process.kill()
+        shim_process.wait()

@@ -1153,9 +1153,9 @@ class Shim:
             )
         if spec.get("output", "text") == "json" and not output.truncated:
             try:
-                return json.loads(text), diagnostics
+                return json.loads(text, parse_constant=_refuse_constant), diagnostics
             except ValueError:
-                raise ToolError("tool_failed", "%s printed invalid JSON" % name, diagnostics)
+                raise ToolError("tool_failed", "%s printed invalid JSON (NaN and Infinity are not JSON)" % name, diagnostics)
         return text, diagnostics
 
     def _quota_polled(self):
@@ -1480,7 +1480,11 @@ def main(argv):
                 "ok": False,
                 "error": {"type": "shim_error", "message": "%s: %s" % (type(err).__name__, err)},
             }
-        data = json.dumps(response, ensure_ascii=False, separators=(",", ":"))
+        try:
+            data = json.dumps(response, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except ValueError as err:  # a non-finite number no check foresaw: the host refuses those
+            failure = {"type": "shim_error", "message": "the reply held %s" % err}
+            data = json.dumps({"id": request_id, "ok": False, "error": failure})
         try:
             encoded = data.encode("utf-8")
         except UnicodeEncodeError:  # a lone surrogate somewhere: send it as readable text
