@@ -34,7 +34,7 @@ from softprobe.gym import (
 )
 from softprobe.gym import labels as L
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("episode_runtime")]  # row 40: runc and runsc
 
 
 def shell(command: str, **extra: object) -> dict:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .errors import InvalidActionError
-from .text import readable_text
+from .text import has_surrogate, readable_text
 
 #: Largest action accepted, as UTF-8 JSON. Bigger ones are refused before they reach the shim.
 MAX_ACTION_BYTES = 16 * 1024 * 1024
@@ -118,19 +118,11 @@ def _check_text_keys(action: dict[Any, Any]) -> None:
 
 
 def _check_text(text: str, where: str) -> None:
-    if _has_surrogate(text):
+    if has_surrogate(text):
         raise InvalidActionError(
             f"invalid action: {where} contains text that is not valid Unicode (a lone "
             f"surrogate: {readable_text(text)[:80]!r}); send bytes as base64 or valid UTF-8 text"
         )
-
-
-def _has_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _check_values(args: dict[str, Any]) -> None:

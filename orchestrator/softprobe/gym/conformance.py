@@ -29,9 +29,12 @@ class HostCheckReport(BaseModel):
 
     passed: bool
     checks: list[CheckOutcome]
+    #: The OCI runtime the host's episode containers use (``None``: the engine's default, runc).
+    runtime: str | None = None
 
     def __str__(self) -> str:
-        lines = [f"check_host: {'passed' if self.passed else 'FAILED'}"]
+        runtime = self.runtime or "engine default"
+        lines = [f"check_host: {'passed' if self.passed else 'FAILED'} (runtime: {runtime})"]
         for check in self.checks:
             lines.append(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")
         return "\n".join(lines)
@@ -161,4 +164,6 @@ async def check_host(host: HostEnvironment, *, actions: list[dict[str, Any]] | N
                 await host.destroy(episode_id=episode_id, cleanup=True)
             except GymError:
                 pass
-    return HostCheckReport(passed=all(c.passed for c in checks), checks=checks)
+    return HostCheckReport(
+        passed=all(c.passed for c in checks), checks=checks, runtime=host.container_settings.runtime
+    )

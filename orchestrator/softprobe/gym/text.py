@@ -27,6 +27,15 @@ def _escape_surrogate(match: re.Match[str]) -> str:
     return f"\\u{code:04x}"
 
 
+def has_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (it then cannot be encoded as UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def readable_text(text: str) -> str:
     """``text`` with every lone surrogate shown as a backslash escape (``\\xff``, ``\\ud800``).
 

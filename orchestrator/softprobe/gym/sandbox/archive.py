@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 from ..errors import UnsafeArchiveError
 from ..results import SkippedMember
-from ..text import readable_text
+from ..text import has_surrogate, readable_text
 
 
 
@@ -167,7 +167,7 @@ class _Extraction:
     def _refusal(self, member: tarfile.TarInfo, name: str, parts: tuple[str, ...]) -> str | None:
         if parts[0] != self.top:
             return f"outside the copied folder {self.top!r}"
-        if _has_surrogate(name) or _has_surrogate(member.linkname):
+        if has_surrogate(name) or has_surrogate(member.linkname):
             return "its name is not valid UTF-8 (shown here with escapes)"
         if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
             return "special file (device or FIFO)"
@@ -284,14 +284,6 @@ def _set_time(target: int | str, mtime: float) -> None:
 
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def _has_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def _write_sparse(source: BinaryIO, path: str, size: int, mode: int, mtime: float) -> None:

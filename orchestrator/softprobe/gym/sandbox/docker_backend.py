@@ -179,7 +179,8 @@ class DockerBackend(SandboxBackend):
                 f"container runtime {settings.runtime!r} is not registered with this Docker engine "
                 f"(it has: {', '.join(runtimes) or 'none'}). Register it in /etc/docker/daemon.json, "
                 'e.g. {"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": '
-                '["--network=none"]}}} (Debian: apt-get install runsc), then restart dockerd; on '
+                '["--network=none", "--overlay2=none"]}}} (Debian: apt-get install runsc), then '
+                "restart dockerd; on '
                 "Docker Desktop add the same under Settings > Docker Engine."
             )
 
