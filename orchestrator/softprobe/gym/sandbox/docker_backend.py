@@ -180,8 +180,7 @@ class DockerBackend(SandboxBackend):
                 f"(it has: {', '.join(runtimes) or 'none'}). Register it in /etc/docker/daemon.json, "
                 'e.g. {"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": '
                 '["--network=none", "--overlay2=none"]}}} (Debian: apt-get install runsc), then '
-                "restart dockerd; on '
-                "Docker Desktop add the same under Settings > Docker Engine."
+                "restart dockerd; on Docker Desktop add the same under Settings > Docker Engine."
             )
 
     # -- start ---------------------------------------------------------------------------------

@@ -31,7 +31,6 @@ Invariants the host relies on:
 """
 
 import contextlib
-import errno
 import hashlib
 import heapq
 import json
