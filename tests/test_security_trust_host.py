@@ -80,7 +80,7 @@ async def test_row_25_a_link_chain_that_changes_meaning_later_never_leads_out(ho
     assert saved_result(done)["skipped_paths"][0]["path"] == "workspace/c"
 
 
-async def test_row_26_paths_too_long_for_the_host_and_names_not_utf8_are_listed_and_result_is_written(host):
+async def test_row_26_paths_too_long_for_the_host_and_names_not_utf8_are_listed_and_result_is_written(host, episode_runtime):
     episode_id = await ready(host)
     # 16 folders of 250 bytes: legal in the container (under 4096 bytes), too long below run_root.
     created = await host.step(episode_id=episode_id, action=py(
@@ -97,7 +97,10 @@ async def test_row_26_paths_too_long_for_the_host_and_names_not_utf8_are_listed_
     saved = saved_result(done)
     skipped = {s["path"]: s["reason"] for s in saved["skipped_paths"]}
     assert "workspace/bad-\\xff.txt" in skipped and "UTF-8" in skipped["workspace/bad-\\xff.txt"]
-    assert "workspace/pipe-\\xfe" in skipped
+    if episode_runtime == "runsc":  # gVisor keeps FIFOs in its own kernel: never in the archive
+        assert not any(path.startswith("workspace/pipe-") for path in skipped)
+    else:
+        assert "workspace/pipe-\\xfe" in skipped
     too_long = [path for path, reason in skipped.items() if "d" * 250 in path and "too long" in reason.lower()]
     assert too_long, skipped
     assert (done.workspace_path / "ok.txt").read_text() == "ok"
