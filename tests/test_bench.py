@@ -29,3 +29,24 @@ def test_quick_bench_reports_every_row_as_json_and_leaves_nothing(docker_engine)
         assert expected in names
     assert all(row["ours_p50"] > 0 and row["samples"] > 0 for row in report["rows"])
     assert owned_by_process(bench.pid) == ([], [])
+
+
+def test_runtimes_side_by_side_share_one_table():
+    from softprobe.gym.bench import BenchReport, BenchRow, RuntimeComparison, format_comparison
+
+    def report(fs_read: float) -> BenchReport:
+        row = BenchRow(name="step fs.read (200 B file)", unit="ms", ours_p50=fs_read, samples=1)
+        return BenchReport(image="img", quick=True, rows=[row])
+
+    table = format_comparison(RuntimeComparison(image="img", quick=True, reports={"runc": report(0.5), "runsc": report(1.25)}))
+    header, line = table.splitlines()[1], table.splitlines()[3]
+    assert header.split()[-2:] == ["runc", "runsc"]
+    assert line.split()[-2:] == ["0.500", "1.250"]
+
+
+def test_compare_runtimes_refuses_a_runtime_the_engine_lacks(docker_engine):
+    bench = subprocess.run(
+        [sys.executable, "-m", "softprobe.gym.cli", "bench", "--quick", "--compare-runtimes", "runc,no-such-runtime"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert bench.returncode == 1 and "no-such-runtime" in bench.stderr and "daemon.json" in bench.stderr

@@ -31,6 +31,7 @@ from .host import HostEnvironment, create_host_environment
 from .sandbox.archive import build_seed_archive
 from .sandbox.base import Sandbox
 from .sandbox.docker_backend import DockerBackend, _host_config_kwargs
+from .settings import RUNTIME_ENV, ContainerSettings
 
 
 class BenchRow(BaseModel):
@@ -368,9 +369,61 @@ def format_report(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def main_bench(*, image: str, quick: bool, as_json: bool) -> int:
+class RuntimeComparison(BaseModel):
+    """``bench --compare-runtimes``: one report per OCI runtime, measured in turn in one run."""
+
+    image: str
+    quick: bool
+    reports: dict[str, BenchReport]
+
+
+def format_comparison(comparison: RuntimeComparison) -> str:
+    names = list(comparison.reports)
+    header = f"{'measurement (p50)':52} {'unit':8}" + "".join(f" {name:>22}" for name in names)
+    lines = [f"softprobe-gym bench on {comparison.image}, runtimes side by side", header, "-" * len(header)]
+    by_runtime = {name: {row.name: row for row in report.rows} for name, report in comparison.reports.items()}
+    for row in comparison.reports[names[0]].rows:
+        cells = []
+        for name in names:
+            other = by_runtime[name].get(row.name)
+            cells.append(f" {'-' if other is None else f'{other.ours_p50:.3f}':>22}")
+        lines.append(f"{row.name:52} {row.unit:8}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def main_bench(*, image: str, quick: bool, as_json: bool, runtimes: list[str] | None = None) -> int:
+    """Run the bench (under each of ``runtimes`` in turn, if given) and print the report.
+
+    Raises:
+        ConfigurationError: a runtime the engine does not have.
+    """
+    import os
     import sys
 
-    report = asyncio.run(run_bench(image=image, quick=quick, log=lambda stage: print(f"bench: {stage} ...", file=sys.stderr)))
-    print(report.model_dump_json(indent=2) if as_json else format_report(report))
+    def log(stage: str) -> None:
+        print(f"bench: {stage} ...", file=sys.stderr)
+
+    if not runtimes:
+        report = asyncio.run(run_bench(image=image, quick=quick, log=log))
+        print(report.model_dump_json(indent=2) if as_json else format_report(report))
+        return 0
+    backend = DockerBackend()
+    try:
+        for runtime in runtimes:  # refuse an unknown runtime before measuring anything
+            backend.check_settings(ContainerSettings(runtime=runtime))
+    finally:
+        asyncio.run(backend.close())
+    reports = {}
+    saved = os.environ.get(RUNTIME_ENV)
+    try:
+        for runtime in runtimes:
+            os.environ[RUNTIME_ENV] = runtime  # every host the bench makes defaults to it
+            reports[runtime] = asyncio.run(run_bench(image=image, quick=quick, log=lambda s, r=runtime: log(f"{r}: {s}")))
+    finally:
+        if saved is None:
+            os.environ.pop(RUNTIME_ENV, None)
+        else:
+            os.environ[RUNTIME_ENV] = saved
+    comparison = RuntimeComparison(image=image, quick=quick, reports=reports)
+    print(comparison.model_dump_json(indent=2) if as_json else format_comparison(comparison))
     return 0

@@ -104,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--image", default="softprobe/support-desk:latest", help="image to measure on (default: %(default)s)")
     bench.add_argument("--quick", action="store_true", help="fewer samples (well under a minute)")
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
+    bench.add_argument(
+        "--compare-runtimes",
+        metavar="A,B",
+        help="measure under each of these OCI runtimes in turn (e.g. runc,runsc) and print them "
+        "side by side; each row's raw Docker baseline runs under the same runtime",
+    )
     _add_runtime(bench)
     bench.set_defaults(run=_run_bench)
 
@@ -344,7 +350,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     from .images import ensure_image
 
     ensure_image(args.image)
-    return main_bench(image=args.image, quick=args.quick, as_json=args.json)
+    runtimes = [r.strip() for r in args.compare_runtimes.split(",") if r.strip()] if args.compare_runtimes else None
+    return main_bench(image=args.image, quick=args.quick, as_json=args.json, runtimes=runtimes)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
