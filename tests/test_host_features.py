@@ -177,3 +177,17 @@ async def test_a_broken_episode_is_finalized_with_what_the_host_knows(host):
     assert [(line["index"], line["action"]["name"]) for line in lines] == [(1, "fs.write")]
     assert not (done.episode_dir / "workspace").exists()
     assert host.state(episode_id=episode_id).value == "finalized"
+
+
+async def test_a_container_that_died_after_its_last_step_is_finalized_as_broken(host):
+    """No step noticed the death: finalize itself finds it and still writes result.json."""
+    episode_id = await ready(host, "quietly-dead")
+    await host.step(episode_id=episode_id, action=tool("fs.write", path="a.txt", content="A"))
+    client = docker.from_env()
+    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={episode_id}"))
+    container.kill()
+    client.close()
+    done = await host.finalize(episode_id=episode_id)
+    assert done.broken and done.workspace_path is None and done.steps == 1
+    assert json.loads(done.result_path.read_text())["broken"] == done.broken
+    assert host.state(episode_id=episode_id).value == "finalized"

@@ -366,3 +366,53 @@ async def test_row_39_exit_codes_that_mimic_limits_are_not_reported_as_limits(ho
     assert sigkill.error.type == "command_failed"
     real = await host.step(episode_id=episode_id, action=shell("head -c 2G /dev/zero > huge", timeout_s=60))
     assert real.error.type == "file_too_large", real
+
+
+async def test_row_21_a_folder_too_deep_to_walk_recursively_breaks_neither_tracking_nor_the_sweep(host):
+    """1,500 nested folders: os.walk would recurse past Python's limit while the quota poll and
+    the change tracker look at them."""
+    episode_id = await ready(host)
+    deep = await host.step(episode_id=episode_id, action=shell(
+        "(sleep 300 &); mkdir -p $(python3 -c \"print('/'.join(['a'] * 1500))\") && echo made"
+    ))
+    assert deep.error is None and deep.observation == "made\n", deep
+    assert len(deep.diagnostics["changed_paths"]) == 1500
+    listing = await processes(host, episode_id)
+    assert "sleep 300" not in listing, listing
+
+
+async def test_row_32_renaming_folders_does_not_blind_the_quota(tmp_path, seed_root, docker_engine):
+    quota = 32 * 1024 * 1024
+    async with create_host_environment(
+        run_root=tmp_path / "run", seed_root=seed_root, image=SUPPORT_DESK, container={"workspace_quota_bytes": quota},
+    ) as host:
+        episode_id = await ready(host)
+        dodge = await host.step(episode_id=episode_id, action=shell(
+            "mkdir d1; (while true; do mv d1 d2; mv d2 d1; done) & "
+            "for i in $(seq 1 30); do head -c 8M /dev/zero > big$i; done", timeout_s=60,
+        ))
+        assert dodge.error is not None and dodge.error.type == "quota_exceeded", dodge
+        assert container_size_rw(episode_id) < quota + 48 * 1024 * 1024
+
+
+async def test_row_32_scratch_folders_outside_the_workspace_are_closed(host):
+    episode_id = await ready(host)
+    tried = await host.step(episode_id=episode_id, action=shell("touch /var/tmp/x 2>&1; echo $?"))
+    assert tried.observation.strip().endswith("1"), tried
+
+
+async def test_row_33_fs_write_to_a_fifo_is_refused_at_once(host):
+    episode_id = await ready(host)
+    await host.step(episode_id=episode_id, action=shell("mkfifo pipe"))
+    write = await host.step(episode_id=episode_id, action=tool("fs.write", path="pipe", content="x"))
+    assert write.error is not None and write.error.type == "not_a_regular_file", write
+    await host.step(episode_id=episode_id, action=shell("echo still here"))
+
+
+async def test_row_08_tools_have_no_new_privileges_even_when_the_container_allows_them(tmp_path, docker_engine):
+    async with create_host_environment(
+        run_root=tmp_path, image=SUPPORT_DESK, container={"no_new_privileges": False},
+    ) as host:
+        episode_id = await ready(host)
+        status = await host.step(episode_id=episode_id, action=py("import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))"))
+        assert status.observation == "1\n", status  # PR_GET_NO_NEW_PRIVS

@@ -290,3 +290,29 @@ def test_a_declared_tool_printing_nan_is_a_tool_failure_not_an_unreadable_reply(
     finally:
         shim_process.kill()
         shim_process.wait()
+
+
+def test_declared_tools_start_outside_the_workspace(tmp_path):
+    """Nothing the agent plants in the workspace is found through a tool's current folder."""
+    import json
+    import subprocess
+    import sys
+
+    manifest = tmp_path / "tools.json"
+    manifest.write_text(json.dumps({"tools": {"where": {
+        "command": [sys.executable, "-c", "import os; print(os.getcwd(), os.environ['SOFTPROBE_WORKSPACE'])"]}}}))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    shim_process = subprocess.Popen(
+        [sys.executable, "-I", shim.__file__, "--workspace", str(workspace), "--manifest", str(manifest)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+    try:
+        request = {"id": 1, "op": "call", "tool": "where", "args": {}, "timeout_s": 10, "output_cap": 1024}
+        shim_process.stdin.write(json.dumps(request).encode() + b"\n")
+        shim_process.stdin.flush()
+        reply = json.loads(shim_process.stdout.readline())
+        assert reply["result"]["observation"] == "/ /workspace\n", reply
+    finally:
+        shim_process.kill()
+        shim_process.wait()

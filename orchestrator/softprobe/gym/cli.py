@@ -294,7 +294,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         with _progress_display() as progress:
             inner = asyncio.ensure_future(run_suite(
                 suite, args.out, concurrency=args.concurrency, resume=args.resume, backend=args.backend, progress=progress,
-                ray_address=args.ray,
+                ray_address=args.ray, preflight=False,  # done above, before anything was written
             ))
             loop.add_signal_handler(signal.SIGINT, interrupt)
             try:

@@ -150,15 +150,21 @@ async def run_suite(
     backend: str | None = None,
     progress: Progress = lambda message, done, total: None,
     ray_address: str | None = None,
+    preflight: bool = True,
 ) -> SuiteOutcome:
     """Run ``suite`` into ``out``; see the module docstring.
+
+    Args:
+        preflight: check the suite first (:func:`preflight_suite`, in a worker thread); pass
+            False when the caller has just done so.
 
     Raises:
         SuiteError: :func:`preflight_suite` found a problem (nothing was run or written).
         GymError: infrastructure failed (Docker, the grader); partial outputs are still written.
     """
     started = time.perf_counter()
-    preflight_suite(suite)
+    if preflight:
+        await asyncio.to_thread(preflight_suite, suite)  # it may build images: off the loop
     tasks = select_tasks(suite)
     records_dir = out / "tasks"
     records_dir.mkdir(parents=True, exist_ok=True)

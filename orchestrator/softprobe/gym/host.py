@@ -414,6 +414,9 @@ class HostEnvironment:
                 # the last step's (incremental) one.
                 workspace_digest = await episode.sandbox.rescan()
                 image_id = await episode.sandbox.commit(labels=labels, max_bytes=self.checkpoint_budget_bytes)
+            except SandboxLostError as err:
+                self._require_not_destroyed(episode, "checkpoint")
+                raise await self._broken(episode, str(err)) from err
             except Exception:
                 self._require_not_destroyed(episode, "checkpoint")  # it failed *because* of that
                 raise
@@ -652,6 +655,10 @@ class HostEnvironment:
                     skipped = await episode.sandbox.copy_out(
                         "/workspace", store.dir, byte_budget=self.artifact_budget_bytes
                     )
+                except SandboxLostError as err:
+                    # The container died since the last step: finalize what the host knows.
+                    self._require_not_destroyed(episode, "finalize")
+                    await self._broken(episode, str(err))
                 except Exception:
                     self._require_not_destroyed(episode, "finalize")  # it failed *because* of that
                     raise
@@ -1023,8 +1030,15 @@ def create_host_environment(
     if backend is None:
         from .sandbox.docker_backend import DockerBackend
 
-        backend = DockerBackend(docker_host=options.docker_host)
-    backend.check_settings(options.container)  # e.g. a runtime the engine lacks: refused now
+        docker_backend = DockerBackend(docker_host=options.docker_host)
+        try:
+            docker_backend.check_settings(options.container)  # e.g. an unknown runtime: refused now
+        except BaseException:
+            docker_backend.discard()
+            raise
+        backend = docker_backend
+    else:
+        backend.check_settings(options.container)
     return HostEnvironment(
         run_root=options.run_root,
         seed_root=options.seed_root,

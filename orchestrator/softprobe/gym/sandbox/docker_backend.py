@@ -206,6 +206,7 @@ class DockerBackend(SandboxBackend):
         except BaseException:
             self._uids.release(ids)
             raise
+        client: ShimClient | None = None
         try:
             if archive is not None:
                 await self._run(self._put_archive, container_id, archive)
@@ -227,16 +228,20 @@ class DockerBackend(SandboxBackend):
             sandbox = DockerSandbox(self, container_id, info.image_id, client, hello, info.user, ids)
             if shim_seed is not None:
                 await sandbox.seed_archive(shim_seed)
-        except SandboxLostError as err:
-            await self._run(self._remove, container_id)
-            self._uids.release(ids)
-            raise SandboxStartError(
-                f"the shim in a container of {spec.image!r} did not start: {err}. The image needs "
-                "python3 (>= 3.8) on PATH and a /bin/sh."
-            ) from None
-        except BaseException:
-            await asyncio.shield(self._run(self._remove, container_id))
-            self._uids.release(ids)
+        except BaseException as err:
+            # Nothing of a sandbox that did not start may stay: its connection, its container,
+            # its uids.
+            if client is not None:
+                client.close()
+            try:
+                await asyncio.shield(self._run(self._remove, container_id))
+            finally:
+                self._uids.release(ids)
+            if isinstance(err, SandboxLostError):
+                raise SandboxStartError(
+                    f"the shim in a container of {spec.image!r} did not start: {err}. The image needs "
+                    "python3 (>= 3.8) on PATH and a /bin/sh."
+                ) from None
             raise
         return sandbox
 
@@ -467,6 +472,10 @@ class DockerBackend(SandboxBackend):
         return True
 
     async def close(self) -> None:
+        self.discard()
+
+    def discard(self) -> None:
+        """Release the thread pool and the engine connection now (what ``close`` does)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self._client is not None:
             self._client.close()
@@ -486,8 +495,11 @@ def _shim_options(settings: ContainerSettings, ids: EpisodeIds) -> list[str]:
         "--quota-inodes", str(settings.workspace_quota_inodes or 0),
         "--max-list-entries", str(settings.max_list_entries),
         "--max-changed-paths", str(settings.max_changed_paths),
-        "--max-processes", str(settings.pids_limit),
     ]
+    if settings.user is None:
+        # Only a uid of the episode's own: RLIMIT_NPROC counts every process of the uid, the
+        # host's included when a user named in settings exists on the host too.
+        options += ["--max-processes", str(settings.pids_limit)]
     if ids.agent_uid:
         options += ["--agent-uid", str(ids.agent_uid), "--agent-gid", str(ids.agent_gid),
                     "--tool-uid", str(ids.tool_uid), "--tool-gid", str(ids.tool_gid)]

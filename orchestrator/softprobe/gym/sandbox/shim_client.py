@@ -97,7 +97,7 @@ class ShimClient:
         return str(result)
 
     async def rescan(self) -> RescanResult:
-        return RescanResult.model_validate(await self._request(RescanRequest(), RESPONSE_GRACE_S + 120))
+        return _validated(RescanResult, await self._request(RescanRequest(), RESPONSE_GRACE_S + 120), "rescan")
 
     def close(self) -> None:
         self._channel.close()

@@ -346,7 +346,12 @@ class ChangeTracker:
         self.watches[wd] = rel
         return True
 
+    def _watch_new_tree(self, rel, changed):
+        return _walk_folders_first(self, rel, changed)
+
     def changes(self):
+        """(paths that changed, exact): not exact after an overflow, a renamed folder or a
+        folder that could not be walked; the paths seen are kept all the same."""
         changed, exact = set(), True
         while True:
             try:
@@ -371,30 +376,79 @@ class ChangeTracker:
                 if mask & self.IN_ISDIR and mask & (self.IN_MOVED_FROM | self.IN_MOVED_TO):
                     exact = False  # a renamed directory moves watches: start over
                 if mask & self.IN_ISDIR and mask & self.IN_CREATE:
-                    # Whatever appeared inside before we watch it is found by walking it.
-                    for sub in _walk_dirs(self.root, rel):
-                        if not self._watch(sub):
-                            exact = False
-                    changed.update(_walk_all(self.root, rel))
+                    exact = self._watch_new_tree(rel, changed) and exact
                 if rel:
                     changed.add(rel)
-        return changed if exact else None
+        return changed, exact
 
 
-def _walk_dirs(root, rel):
-    out = [rel]
-    for dirpath, dirnames, _files in os.walk(os.path.join(root, rel)):
-        base = os.path.relpath(dirpath, root)
-        out.extend(os.path.join(base, d) for d in dirnames)
+def _walk_folders_first(tracker, rel, changed):
+    """Watch the new folder ``rel`` and everything below it, each folder *before* it is listed:
+    what appears in it later raises an event, what was there already is listed. Returns False
+    when the kernel refused a watch."""
+    ok, stack = True, [rel]
+    while stack:
+        folder = stack.pop()
+        changed.add(folder)
+        if not tracker._watch(folder):
+            ok = False
+        try:
+            scanner = os.scandir(os.path.join(tracker.root, folder))
+        except OSError:
+            continue
+        with scanner:
+            for item in scanner:
+                sub = os.path.join(folder, item.name)
+                try:
+                    is_dir = item.is_dir(follow_symlinks=False)
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    stack.append(sub)
+                else:
+                    changed.add(sub)
+    return ok
+
+
+def _walk(root, rel=b""):
+    """(relative path, is a folder) for ``rel`` and everything below it, without recursion
+    (os.walk recurses: a folder 1,500 levels deep would crash it); unreadable folders are
+    skipped. Symlinks are not followed."""
+    top = os.path.join(root, rel) if rel else root
+    out, stack = [], [rel]
+    if rel:
+        out.append((rel, os.path.isdir(top) and not os.path.islink(top)))
+    while stack:
+        current = stack.pop()
+        try:
+            scanner = os.scandir(os.path.join(root, current) if current else root)
+        except OSError:
+            continue
+        with scanner:
+            for item in scanner:
+                sub = os.path.join(current, item.name) if current else item.name
+                try:
+                    is_dir = item.is_dir(follow_symlinks=False)
+                except OSError:
+                    is_dir = False
+                out.append((sub, is_dir))
+                if is_dir:
+                    stack.append(sub)
     return out
 
 
-def _walk_all(root, rel):
-    out = [rel]
-    for dirpath, dirnames, filenames in os.walk(os.path.join(root, rel)):
-        base = os.path.relpath(dirpath, root)
-        out.extend(os.path.join(base, n) for n in dirnames + filenames)
-    return out
+def _measure(root):
+    """(bytes held, entries) of the tree at ``root``, by a walk."""
+    total, count = 0, 0
+    for rel, _is_dir in _walk(root):
+        count += 1
+        try:
+            st = os.lstat(os.path.join(root, rel))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += max(st.st_size, st.st_blocks * 512)
+    return total, count
 
 
 def _hash_file(path, st):
@@ -547,19 +601,25 @@ class Identity:
             return argv, {}
         uid, gid = ids
         if self.setpriv:
-            return [self.setpriv, "--reuid=%d" % uid, "--regid=%d" % gid, "--clear-groups", "--"] + argv, {}
+            # --no-new-privs: even with the container's no-new-privileges relaxed, a setuid binary
+            # cannot give a tool back root and the shim's capabilities.
+            return [self.setpriv, "--reuid=%d" % uid, "--regid=%d" % gid, "--clear-groups",
+                    "--no-new-privs", "--"] + argv, {}
         return argv, self._setuid_kwargs(uid, gid)
 
     @staticmethod
     def _setuid_kwargs(uid, gid):
-        if sys.version_info >= (3, 9):
-            return {"user": uid, "group": gid, "extra_groups": []}
+        import ctypes
 
-        def drop():  # Python 3.8
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+
+        def drop():
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
+            prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
 
+        # A preexec function, so that no_new_privs is set too (Popen's uid arguments cannot).
         return {"preexec_fn": drop}
 
     def adopt(self, paths):
@@ -572,9 +632,8 @@ class Identity:
             if not os.path.isdir(top) or os.path.islink(top):
                 continue
             _lchown(top, uid, gid)
-            for dirpath, dirnames, filenames in os.walk(top):
-                for name in dirnames + filenames:
-                    _lchown(os.path.join(dirpath, name), uid, gid)
+            for rel, _is_dir in _walk(os.fsencode(top)):
+                _lchown(os.path.join(os.fsencode(top), rel), uid, gid)
 
 
 def _root_owned_program(path):
@@ -590,9 +649,11 @@ def _root_owned_program(path):
 
 
 def _lchown(path, uid, gid):
+    """Give ``path`` to uid:gid, unless root owns it: an agent that hard-linked a root-owned
+    file into its workspace must not be handed that file."""
     try:
         st = os.lstat(path)
-        if (st.st_uid, st.st_gid) != (uid, gid):
+        if st.st_uid != 0 and (st.st_uid, st.st_gid) != (uid, gid):
             os.lchown(path, uid, gid)
     except OSError:
         pass
@@ -632,47 +693,20 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b"", spawn=None, en
         proc.stdin.close()
     output = CappedOutput(output_cap)
     deadline = started + timeout_s
-    timed_out = False
-    fd = proc.stdout.fileno()
     # A pidfd wakes us the moment the command exits even if a background child it started still
     # holds the pipe open (no EOF then); without one (Python < 3.9) we poll.
     pidfd = _pidfd(proc.pid)
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ, "output")
+    try:
+        timed_out, quota_message = _wait_for(proc, pidfd, output, deadline, over_quota)
+    finally:
+        # Whatever happened while waiting, nothing the command started outlives this call.
         if pidfd is not None:
-            sel.register(pidfd, selectors.EVENT_READ, "exit")
-        exited = False
-        quota_message = None
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            if over_quota is not None:
-                quota_message = over_quota()
-                if quota_message:
-                    break
-            wait = remaining if pidfd is not None else min(remaining, 0.05)
-            events = sel.select(min(wait, QUOTA_POLL_S) if over_quota is not None else wait)
-            if any(key.data == "output" for key, _ in events):
-                chunk = os.read(fd, READ_CHUNK)
-                if not chunk:
-                    break
-                output.add(chunk)
-            elif exited or proc.poll() is not None:
-                # The command has exited; take what is already in the pipe, then stop.
-                if not exited and pidfd is not None:
-                    sel.unregister(pidfd)
-                exited = True
-                if not sel.select(0):
-                    break
-    if pidfd is not None:
-        os.close(pidfd)
-    _kill_group(proc.pid)
-    proc.stdout.close()
-    exit_code = proc.wait()
-    if not clear_processes():
-        raise ShimBroken("a process of the step could not be killed within %gs" % SWEEP_DEADLINE_S)
+            os.close(pidfd)
+        _kill_group(proc.pid)
+        proc.stdout.close()
+        exit_code = proc.wait()
+        if not clear_processes():
+            raise ShimBroken("a process of the step could not be killed within %gs" % SWEEP_DEADLINE_S)
     diagnostics = {
         "exit_code": exit_code,
         "command_ms": round((time.monotonic() - started) * 1000, 3),
@@ -705,6 +739,43 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b"", spawn=None, en
     if exit_code in (-signal.SIGKILL, 128 + signal.SIGKILL) and oom_before is None:
         diagnostics["note"] = "killed by SIGKILL; possibly out of memory (cgroup counters unreadable)"
     return exit_code, output, diagnostics
+
+
+def _wait_for(proc, pidfd, output, deadline, over_quota):
+    """Collect ``proc``'s output until it exits, the deadline passes or ``over_quota`` returns a
+    message; return (timed out, quota message)."""
+    fd = proc.stdout.fileno()
+    timed_out = False
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ, "output")
+        if pidfd is not None:
+            sel.register(pidfd, selectors.EVENT_READ, "exit")
+        exited = False
+        quota_message = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            if over_quota is not None:
+                quota_message = over_quota()
+                if quota_message:
+                    break
+            wait = remaining if pidfd is not None else min(remaining, 0.05)
+            events = sel.select(min(wait, QUOTA_POLL_S) if over_quota is not None else wait)
+            if any(key.data == "output" for key, _ in events):
+                chunk = os.read(fd, READ_CHUNK)
+                if not chunk:
+                    break
+                output.add(chunk)
+            elif exited or proc.poll() is not None:
+                # The command has exited; take what is already in the pipe, then stop.
+                if not exited and pidfd is not None:
+                    sel.unregister(pidfd)
+                exited = True
+                if not sel.select(0):
+                    break
+    return timed_out, quota_message
 
 
 def reap_orphans():
@@ -827,16 +898,19 @@ class Shim:
         self._pending_delta = 0  # bytes the workspace grew by, by the quota poll's estimate
         self._pending_inodes = 0
         self._inexact = False
+        self._next_quota_walk = 0.0
 
     def _drain(self):
         """Move the tracker's news into ``_pending``; remember when it cannot say."""
         if self.tracker is None or not self.tracker.usable:
             self._inexact = True
             return set()
-        news = self.tracker.changes()
-        if news is None:
+        try:
+            news, exact = self.tracker.changes()
+        except Exception:  # never let tracking fail a step: fall back to a full scan
+            news, exact = set(), False
+        if not exact:
             self._inexact = True
-            return set()
         self._pending |= news
         return news
 
@@ -855,7 +929,10 @@ class Shim:
             return self.full_scan()
         paths = self._pending | set(touched or ())
         self._reset_pending()
-        return self.index.update_raw(paths)
+        try:
+            return self.index.update_raw(paths)
+        except Exception:  # whatever went wrong, a full scan is the truth
+            return self.full_scan()
 
     def usage(self):
         return self.index.total_bytes, len(self.index.entries)
@@ -871,8 +948,21 @@ class Shim:
         return None
 
     def _poll_quota(self):
-        """While a command runs: estimate the workspace's usage from the tracker's news."""
-        for rel in self._drain():
+        """While a command runs: estimate the workspace's usage from the tracker's news, or,
+        when those cannot be trusted (scan mode, an overflow, a renamed folder), from a walk of
+        the workspace (as often as every poll while walks are cheap)."""
+        news = self._drain()
+        if self._inexact:
+            now = time.monotonic()
+            if now < self._next_quota_walk:
+                return None
+            measured = _measure(self.index.root)
+            # As often as every poll, but spending at most a fifth of the time walking.
+            self._next_quota_walk = now + max(QUOTA_POLL_S, 5 * (time.monotonic() - now))
+            if measured[0] <= self.index.total_bytes and measured[1] <= len(self.index.entries):
+                return None
+            return self.over_quota(measured)
+        for rel in news:
             try:
                 st = os.lstat(os.path.join(self.index.root, rel))
                 now = (max(st.st_size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0, 1)
@@ -1054,6 +1144,8 @@ class Shim:
         real = self.resolve(args["path"])
         if os.path.isdir(real):
             raise ToolError("is_a_directory", "%r is a directory" % args["path"])
+        if os.path.lexists(real) and not os.path.isfile(real):
+            raise ToolError("not_a_regular_file", "%r is not a regular file" % args["path"])
         data = content.encode("utf-8", "surrogateescape")
         rel = self.relative(real)
         total_bytes, inodes = self.usage()
@@ -1067,8 +1159,12 @@ class Shim:
             )
         try:
             os.makedirs(os.path.dirname(real), exist_ok=True)
-            fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            # Non-blocking: opening a FIFO for writing would otherwise wait for a reader forever.
+            fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
             with os.fdopen(fd, "wb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise ToolError("not_a_regular_file", "%r is not a regular file" % args["path"])
+                f.truncate(0)
                 f.write(data)
         except OSError as err:
             raise ToolError(_os_error_type(err), "cannot write %r: %s" % (args["path"], err.strerror))
@@ -1164,8 +1260,11 @@ class Shim:
         timeout_s = min(float(spec.get("timeout_s", timeout_s)), timeout_s)
         stdin_data = json.dumps(args).encode()
         argv, spawn = self.identity.spawn("tool", list(spec["command"]))
+        # Started in "/", not in the agent's workspace: nothing the agent plants there is found
+        # through a relative path or an interpreter's current folder. SOFTPROBE_WORKSPACE says
+        # where the workspace is.
         exit_code, output, diagnostics = run_process(
-            argv, self.workspace, timeout_s, output_cap, stdin_data,
+            argv, "/", timeout_s, output_cap, stdin_data,
             spawn=spawn, env=_tool_env(),
             over_quota=self._poll_quota if self._quota_polled() else None,
         )
@@ -1184,7 +1283,7 @@ class Shim:
         return text, diagnostics
 
     def _quota_polled(self):
-        return bool(self.limits.quota_bytes or self.limits.quota_inodes) and self.tracker is not None
+        return bool(self.limits.quota_bytes or self.limits.quota_inodes)
 
     def _agent_env(self):
         """The environment of the agent's commands: the container's (set by the image and the
@@ -1274,6 +1373,21 @@ def _bounded_number(value, default, upper):
     return min(value, upper)
 
 
+#: World-writable folders of a Debian-like root filesystem outside the bounded /tmp and the
+#: workspace: what a tool wrote there would escape the workspace quota, so only root may.
+SCRATCH_FOLDERS = ("/var/tmp", "/var/lock", "/run/lock", "/var/mail", "/var/spool/mail")
+
+
+def _close_scratch_folders():
+    for folder in SCRATCH_FOLDERS:
+        try:
+            st = os.lstat(folder)
+            if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
+                os.chmod(folder, stat.S_IMODE(st.st_mode) & ~(stat.S_IWOTH | stat.S_ISVTX))
+        except OSError:
+            continue
+
+
 def _agent_home():
     """The agent's HOME from the container's environment, if it is a folder of its own (never
     ``/`` or a folder root owns)."""
@@ -1296,7 +1410,8 @@ def _tool_env():
         if not key.startswith(("PYTHON", "LD_", "PERL5", "RUBY", "NODE_"))
         and key not in ("BASH_ENV", "ENV", "HOME")
     }
-    env.update(HOME="/nonexistent", PYTHONNOUSERSITE="1", PYTHONSAFEPATH="1", PYTHONDONTWRITEBYTECODE="1")
+    env.update(HOME="/nonexistent", PYTHONNOUSERSITE="1", PYTHONSAFEPATH="1", PYTHONDONTWRITEBYTECODE="1",
+               SOFTPROBE_WORKSPACE="/workspace")
     return env
 
 
@@ -1416,16 +1531,16 @@ def _os_error_type(err):
 
 
 def _rmtree(path):
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(root, name))
-        for name in dirs:
-            full = os.path.join(root, name)
-            if os.path.islink(full):
-                os.unlink(full)
-            else:
-                os.rmdir(full)
-    os.rmdir(path)
+    """Remove the folder ``path`` and everything in it, deepest entries first, without
+    recursion."""
+    root = os.fsencode(path)
+    for rel, is_dir in reversed(_walk(root)):
+        full = os.path.join(root, rel)
+        if is_dir:
+            os.rmdir(full)
+        else:
+            os.unlink(full)
+    os.rmdir(root)
 
 
 def _last_line(text):
@@ -1459,7 +1574,10 @@ def main(argv):
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     hardened = harden()
+    # A tool running as root (user="0") could otherwise interrupt the shim with SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.geteuid() == 0:
+        _close_scratch_folders()
         os.setgroups([])  # acting as the agent must not keep root's supplementary groups
     if numbers.get("max_processes"):
         # Per real uid, so per episode (each has its own uids); the shim itself (uid 0) is exempt.
