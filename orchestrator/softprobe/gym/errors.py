@@ -32,7 +32,9 @@ class EpisodeNotFoundError(GymError, KeyError):
 
 
 class EpisodeExistsError(GymError, ValueError):
-    """``create_episode`` was given an id that this host already uses."""
+    """``create_episode`` was given an id that this host already uses, or whose folder under
+    ``run_root`` already holds another episode's records (a second host on the same run root):
+    nothing of them is touched. Pick another id or ``run_root``."""
 
 
 class LifecycleError(GymError):

@@ -47,7 +47,8 @@ class ContainerSettings(BaseModel):
             tools under a second one; the shim is container-root with a few capabilities. A
             user name or uid here makes ``shell.exec`` and file tools run as that user instead
             (its per-uid kernel limits are then shared); ``"0"`` runs tools as root, with the
-            capabilities in ``cap_add``. Set it only if tools truly need it.
+            shim's capabilities and those in ``cap_add``: the trust boundary (tools cannot
+            change what the shim runs) does not hold then. Set it only if tools truly need it.
         drop_capabilities: drop every Linux capability (default). ``False`` keeps Docker's
             default set.
         cap_add: capabilities to add back after dropping all (they reach tools only with
