@@ -316,3 +316,22 @@ def test_declared_tools_start_outside_the_workspace(tmp_path):
     finally:
         shim_process.kill()
         shim_process.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root (CI runs as root)")
+def test_without_setpriv_tools_still_drop_to_their_uid_with_no_new_privileges():
+    import subprocess
+
+    identity = shim.Identity(agent=(54321, 54321))
+    identity.setpriv = None  # an image without util-linux
+    argv, kwargs = identity.spawn("agent", ["/bin/sh", "-c", "id -u; grep -E '^(NoNewPrivs|CapEff)' /proc/self/status"])
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, **kwargs).stdout.split()
+    assert out == ["54321", "NoNewPrivs:", "1", "CapEff:", "0000000000000000"]
+
+
+def test_with_setpriv_tools_get_no_new_privileges():
+    identity = shim.Identity(agent=(54321, 54321))
+    if not identity.privileged or identity.setpriv is None:
+        pytest.skip("needs root and util-linux's setpriv on this machine")
+    argv, kwargs = identity.spawn("agent", ["true"])
+    assert "--no-new-privs" in argv and argv.index("--no-new-privs") < argv.index("--") and kwargs == {}
