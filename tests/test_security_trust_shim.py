@@ -211,7 +211,14 @@ async def test_row_23_unreadable_and_odd_entries_still_tell_worlds_apart(host):
     assert kinds[0] != kinds[1]
 
 
-async def test_row_24_a_hard_link_from_outside_never_makes_the_digest_stale(host):
+async def test_row_24_a_hard_link_from_outside_never_makes_the_digest_stale(tmp_path, docker_engine):
+    """With /tmp in the container's filesystem (tmp_size=None), HOME is the image user's folder
+    on the workspace's filesystem, so the link can be made: multiply-linked files are re-read."""
+    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, container={"tmp_size": None}) as host:
+        await _hard_link_from_outside(host)
+
+
+async def _hard_link_from_outside(host) -> None:  # type: ignore[no-untyped-def]
     episode_id = await ready(host)
     linked = await host.step(episode_id=episode_id, action=shell("echo one > $HOME/outside && ln $HOME/outside inside"))
     assert linked.error is None, linked
@@ -342,7 +349,9 @@ async def test_row_34_per_uid_kernel_limits_are_per_episode(host, episode_runtim
             assert not hog.done(), hog.result()
             await asyncio.sleep(0.05)
         if episode_runtime != "runsc":  # gVisor's kernel keeps no per-uid count: the fd limit stops it
-            assert int(held) == int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+            # The shim's own instance is charged to the episode's uid too (so are its watches:
+            # an agent's folders never use up root's), hence one less.
+            assert int(held) == int(Path("/proc/sys/fs/inotify/max_user_instances").read_text()) - 1
         neighbour = await host.step(
             episode_id=other, action=py("import ctypes; print(ctypes.CDLL(None).inotify_init1(0) >= 0)")
         )
@@ -376,7 +385,7 @@ async def test_row_21_a_folder_too_deep_to_walk_recursively_breaks_neither_track
         "(sleep 300 &); mkdir -p $(python3 -c \"print('/'.join(['a'] * 1500))\") && echo made"
     ))
     assert deep.error is None and deep.observation == "made\n", deep
-    assert len(deep.diagnostics["changed_paths"]) == 1500
+    assert len(deep.diagnostics["changed_paths"]) == 1500  # 2.3 MB of names: within a reply's budget
     listing = await processes(host, episode_id)
     assert "sleep 300" not in listing, listing
 
@@ -416,3 +425,64 @@ async def test_row_08_tools_have_no_new_privileges_even_when_the_container_allow
         episode_id = await ready(host)
         status = await host.step(episode_id=episode_id, action=py("import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))"))
         assert status.observation == "1\n", status  # PR_GET_NO_NEW_PRIVS
+
+
+async def test_rows_3_and_32_what_tools_write_outside_the_workspace_stays_off_the_hosts_disk(host):
+    """HOME is on the bounded /tmp, and the scratch folders of the image are closed."""
+    episode_id = await ready(host)
+    wrote = await host.step(episode_id=episode_id, action=shell(
+        "head -c 32M /dev/zero > $HOME/big; for d in /var/tmp /run/lock /var/lock; do touch $d/x 2>/dev/null && echo $d; done; echo done"
+    ))
+    assert wrote.observation == "done\n", wrote
+    assert container_size_rw(episode_id) < 8 * 1024 * 1024
+
+
+async def test_row_24_no_hard_link_to_a_workspace_file_can_be_made_outside_it(host):
+    """The only folders of the agent's own on the workspace's filesystem are in the workspace:
+    a link made elsewhere, written through and removed within one step, cannot exist."""
+    episode_id = await ready(host)
+    await host.step(episode_id=episode_id, action=tool("fs.write", path="a", content="one"))
+    linked = await host.step(episode_id=episode_id, action=shell("ln a $HOME/x && echo two > $HOME/x && rm $HOME/x"))
+    assert linked.error is not None and linked.error.type == "command_failed", linked
+    assert (await host.step(episode_id=episode_id, action=tool("fs.read", path="a"))).observation == "one"
+
+
+async def test_row_23_two_names_of_one_file_are_another_world_than_two_copies(host):
+    digests = []
+    for n, make in enumerate(["cp a b", "ln a b"]):
+        episode_id = await ready(host, f"links-{n}")
+        made = await host.step(episode_id=episode_id, action=shell(f"echo x > a && {make}"))
+        digests.append(made.diagnostics["workspace_digest"])
+    assert digests[0] != digests[1]
+
+
+async def test_row_19_a_forked_child_owns_every_workspace_file_setuid_ones_too(tmp_path, docker_engine):
+    caps = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
+    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, capabilities=caps, subject=Subject()) as host:
+        parent = await ready(host, "parent")
+        await host.step(episode_id=parent, action=shell("echo data > s && chmod 4755 s && mkdir d && echo x > d/f"))
+        ckpt = await host.checkpoint(episode_id=parent)
+        child = (await host.fork(episode_id=parent, path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)).episode_id
+        foreign = await host.step(episode_id=child, action=shell("find . ! -user $(id -u); echo more >> s && echo appended"))
+        assert foreign.observation == "appended\n", foreign
+
+
+async def test_row_30_one_reply_stays_small_however_long_the_names(host):
+    episode_id = await ready(host)
+    many = await host.step(episode_id=episode_id, action=py(
+        "import os\n"
+        "for i in range(6000): open(b'%d-' % i + b'\\xfe' * 240, 'w').close()\n",
+        timeout_s=60,
+    ))
+    assert many.error is None, many.observation
+    size = len(many.model_dump_json())
+    # 6,000 names of 960 escaped characters: under the 10,000 count cap, over the byte budget.
+    assert size < 6 * 1024 * 1024 and many.diagnostics["changed_paths_count"] == 6000, size
+
+
+async def test_row_35_a_workspace_deeper_than_any_host_path_is_cleaned_up(host):
+    episode_id = await ready(host)
+    await host.step(episode_id=episode_id, action=shell("mkdir -p $(python3 -c \"print('/'.join(['a'] * 1500))\")"))
+    done = await host.finalize(episode_id=episode_id)
+    await host.destroy(episode_id=episode_id, cleanup=True)
+    assert not done.episode_dir.exists()

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import shutil
-import sys
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -104,27 +104,26 @@ class EpisodeStore:
 
 
 def remove_tree(path: Path) -> None:
-    """``rm -rf path``, also through folders whose saved mode denies it (a ``chmod 500`` folder
-    copied out of a workspace): such a folder is made writable, then emptied."""
+    """``rm -rf path`` (blocking), also through folders whose saved mode denies it (a
+    ``chmod 500`` folder copied out of a workspace) and through trees deeper than any path the
+    kernel takes (thousands of folders: ``shutil.rmtree`` recurses past Python's limit on such a
+    tree, and single paths into it are too long). The system's ``chmod -R`` and ``rm -rf`` walk
+    by file descriptor and follow no symlink; ``shutil`` is the fallback without them."""
+    root = os.fspath(path)
+    if not os.path.lexists(root):
+        return
+    if os.path.isdir(root) and not os.path.islink(root):
+        _run_quietly(["chmod", "-R", "u+rwx", "--", root])
+    if not _run_quietly(["rm", "-rf", "--", root]) and os.path.lexists(root):
+        shutil.rmtree(root, ignore_errors=True)
 
-    def unlock_and_retry(func: Any, failed: str, _exc: Any) -> None:
-        parent = os.path.dirname(failed)
-        try:
-            os.chmod(parent, 0o700)
-            if func is os.open or func is os.scandir or func is os.rmdir and os.path.isdir(failed):
-                os.chmod(failed, 0o700)
-                shutil.rmtree(failed, ignore_errors=True)
-            else:
-                func(failed)
-        except OSError:
-            pass  # gone already, or truly not ours to delete
 
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=unlock_and_retry)
-    else:
-        shutil.rmtree(path, onerror=unlock_and_retry)
-    if os.path.lexists(path):
-        shutil.rmtree(path, ignore_errors=True)
+def _run_quietly(argv: list[str]) -> bool:
+    try:
+        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, check=False).returncode == 0
+    except OSError:
+        return False
 
 
 def _atomic_write(path: Path, text: str) -> None:

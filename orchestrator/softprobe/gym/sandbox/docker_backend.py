@@ -57,6 +57,7 @@ HELLO_TIMEOUT_S = 60.0
 FLATTEN_AT_LAYERS = 100
 #: Seeds up to this size are sent through the shim; larger ones by archive before start.
 SEED_BY_SHIM_MAX = 8 * 1024 * 1024
+NOBODY = 65534
 _SHIM_SOURCE = (Path(__file__).resolve().parent.parent / "shim" / "agent_shim.py").read_bytes()
 SHIM_SHA256 = hashlib.sha256(_SHIM_SOURCE).hexdigest()
 
@@ -322,7 +323,8 @@ class DockerBackend(SandboxBackend):
         key = ("put", seed_root, signature, info.uid, info.gid, info.shim_baked)
         extra = {} if info.shim_baked else {SHIM_PATH: _SHIM_SOURCE}
         return self._cached_archive(
-            key, lambda: build_seed_archive(seed_root, uid=info.uid, gid=info.gid, extra=extra)
+            # Never root-owned: the shim gives the agent every non-root entry of the workspace.
+            key, lambda: build_seed_archive(seed_root, uid=info.uid or NOBODY, gid=info.gid or NOBODY, extra=extra)
         ), None
 
     def _shim_seed(self, seed_root: Path, signature: tuple[Any, ...] | None = None) -> bytes | None:
@@ -483,10 +485,11 @@ class DockerBackend(SandboxBackend):
 
 
 #: What the shim (container-root) keeps: become the agent or tool uid (SETUID/SETGID), kill every
-#: process after a step (KILL), give checkpoint and seed files to the episode's uid (CHOWN), read
-#: every workspace file for the digest, mode 000 included (DAC_READ_SEARCH). Tools get none: they
-#: are exec'ed under a non-zero uid with no_new_privs.
-_SHIM_CAPABILITIES = ("CHOWN", "DAC_READ_SEARCH", "KILL", "SETGID", "SETUID")
+#: process after a step (KILL), give checkpoint and seed files to the episode's uid (CHOWN, and
+#: FOWNER to clear a setuid bit the kernel will not carry to a new owner), read every workspace
+#: file for the digest, mode 000 included (DAC_READ_SEARCH). Tools get none: they are exec'ed
+#: under a non-zero uid with no_new_privs.
+_SHIM_CAPABILITIES = ("CHOWN", "DAC_READ_SEARCH", "FOWNER", "KILL", "SETGID", "SETUID")
 
 
 def _shim_options(settings: ContainerSettings, ids: EpisodeIds) -> list[str]:

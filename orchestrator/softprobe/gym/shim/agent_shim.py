@@ -52,6 +52,8 @@ DEFAULT_OUTPUT_CAP = 1024 * 1024
 MAX_TIMEOUT_S = 24 * 3600.0
 DEFAULT_MAX_LIST_ENTRIES = 10000
 DEFAULT_MAX_CHANGED_PATHS = 10000
+#: The most bytes of names (changed paths, a listing, the workspace's files) one reply carries.
+NAMES_BYTES = 4 * 1024 * 1024
 #: How long the end-of-step sweep may take before the shim gives up on the container.
 SWEEP_DEADLINE_S = 10.0
 #: How often a running command's workspace growth is checked against the quota.
@@ -273,9 +275,11 @@ class WorkspaceIndex:
         """(entry, cache signature, bytes held, multiply linked) for one lstat result.
 
         ``cached`` is the previous (entry, signature) of the path: a file whose stat signature
-        is unchanged is not read again.
+        is unchanged is not read again. Permission bits count; setuid, setgid and sticky do not
+        (tools run with no_new_privs, a fork's files change owner, which clears them, and the
+        host does not recreate them in artifacts).
         """
-        mode = stat.S_IMODE(st.st_mode)
+        mode = stat.S_IMODE(st.st_mode) & 0o777
         if stat.S_ISLNK(st.st_mode):
             try:
                 return ("l", 0, hashlib.sha256(os.readlink(path)).hexdigest()), None, 0, False
@@ -296,6 +300,10 @@ class WorkspaceIndex:
         racy = max(st.st_mtime_ns, st.st_ctime_ns) >= started_ns - RACY_WINDOW_NS
         if content.startswith("unreadable:"):
             racy = True  # try again next time
+        if st.st_nlink > 1:
+            # Two names of one file are another world than two copies: a write to one shows
+            # through the other.
+            content += ":links=%d" % st.st_nlink
         return ("f", mode, content), (None if racy else sig), size, st.st_nlink > 1
 
 
@@ -319,6 +327,7 @@ class ChangeTracker:
         self.root = os.fsencode(root)
         self.fd = None
         self.watches = {}  # wd -> relative directory path (bytes)
+        self.watched = set()  # the paths in watches.values()
         try:
             import ctypes
 
@@ -336,6 +345,7 @@ class ChangeTracker:
     def watch_all(self, directories):
         """Watch the root and ``directories`` (relative); False if the kernel refuses one."""
         self.watches.clear()
+        self.watched.clear()
         return all(self._watch(rel) for rel in [b""] + sorted(directories))
 
     def _watch(self, rel):
@@ -344,6 +354,7 @@ class ChangeTracker:
         if wd < 0:
             return False
         self.watches[wd] = rel
+        self.watched.add(rel)
         return True
 
     def _watch_new_tree(self, rel, changed):
@@ -367,7 +378,7 @@ class ChangeTracker:
                     exact = False
                     continue
                 if mask & self.IN_IGNORED:
-                    self.watches.pop(wd, None)
+                    self.watched.discard(self.watches.pop(wd, None))
                     continue
                 directory = self.watches.get(wd)
                 if directory is None:
@@ -390,6 +401,8 @@ def _walk_folders_first(tracker, rel, changed):
     while stack:
         folder = stack.pop()
         changed.add(folder)
+        if folder in tracker.watched:
+            continue  # walked already, from an ancestor's event: its own events come anyway
         if not tracker._watch(folder):
             ok = False
         try:
@@ -631,7 +644,10 @@ class Identity:
         for top in paths:
             if not os.path.isdir(top) or os.path.islink(top):
                 continue
-            _lchown(top, uid, gid)
+            try:
+                os.lchown(top, uid, gid)  # the folder itself is the agent's, whoever made it
+            except OSError:
+                pass
             for rel, _is_dir in _walk(os.fsencode(top)):
                 _lchown(os.path.join(os.fsencode(top), rel), uid, gid)
 
@@ -654,6 +670,11 @@ def _lchown(path, uid, gid):
     try:
         st = os.lstat(path)
         if st.st_uid != 0 and (st.st_uid, st.st_gid) != (uid, gid):
+            special = stat.S_ISUID | stat.S_ISGID
+            if stat.S_ISREG(st.st_mode) and st.st_mode & special:
+                # The kernel refuses to move a setuid file to another owner without clearing the
+                # bit; clear it first (tools cannot use it anyway: no_new_privs).
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~special)
             os.lchown(path, uid, gid)
     except OSError:
         pass
@@ -840,10 +861,14 @@ class Shim:
         self.identity = identity or Identity()
         self.limits = limits or Limits()
         self.workspace = os.path.realpath(workspace)
-        self.home = _agent_home()
-        self.identity.adopt([self.workspace] + ([self.home] if self.home else []))
+        self.home = _agent_home(self.workspace, self.identity)
+        self.identity.adopt([self.workspace])
         self.index = WorkspaceIndex(self.workspace)
-        self.tracker = ChangeTracker(self.workspace) if digest_mode == "inotify" else None
+        # Made while acting as the agent: inotify instances and watches are charged to the uid
+        # that made the instance, so a workspace of 10^5 folders uses up the episode's watches,
+        # never root's (shared by every container and the host).
+        with self.identity.acting_as_agent():
+            self.tracker = ChangeTracker(self.workspace) if digest_mode == "inotify" else None
         self._reset_pending()
         self.full_scan()
         self.declared = load_manifest(manifest_path)
@@ -1001,7 +1026,7 @@ class Shim:
             "tools": tools,
             "workspace_digest": self.index.digest,
             "workspace_digest_complete": self.index.complete,
-            "workspace_files": [printable(p) for p in shown],
+            "workspace_files": _within_bytes([printable(p) for p in shown]),
             "workspace_files_count": len(files),
             "digest_mode": "inotify" if self.tracker is not None and self.tracker.usable else "scan",
             "pid": os.getpid(),
@@ -1055,8 +1080,8 @@ class Shim:
         if quota_message and any(now > before for now, before in zip(self.usage(), usage_before)):
             error = {"type": "quota_exceeded", "message": quota_message + "; delete files to go on"}
             observation = "error (quota_exceeded): " + error["message"]
-        shown = heapq.nsmallest(self.limits.max_changed, changed)
-        diagnostics["changed_paths"] = [printable(rel) for rel in shown]
+        shown = _within_bytes([printable(rel) for rel in heapq.nsmallest(self.limits.max_changed, changed)])
+        diagnostics["changed_paths"] = shown
         if len(changed) > len(shown):
             diagnostics["changed_paths_truncated"] = True
             diagnostics["changed_paths_count"] = len(changed)
@@ -1188,7 +1213,11 @@ class Shim:
             with os.scandir(real) as it:
                 shown = heapq.nsmallest(self.limits.max_list, names(it))
             entries = []
+            budget = NAMES_BYTES
             for raw in shown:
+                budget -= len(raw) * 4 + 40  # what the entry can cost as JSON, at most
+                if budget < 0:
+                    break
                 try:
                     st = os.lstat(os.path.join(os.fsencode(real), raw))
                 except OSError:
@@ -1205,7 +1234,7 @@ class Shim:
         except OSError as err:
             raise ToolError(_os_error_type(err), "cannot list %r: %s" % (path, err.strerror))
         diagnostics = {"entries": counted[0]}
-        if counted[0] > len(shown):
+        if counted[0] > len(entries):
             diagnostics["truncated"] = True
         return entries, diagnostics, []
 
@@ -1361,6 +1390,22 @@ _FILE_TOO_LARGE = (
 )
 
 
+def _within_bytes(names, budget=None):
+    """The first of ``names`` whose JSON fits in ``budget`` bytes (NAMES_BYTES): a cap by count
+    alone lets 10,000 long, escaped names cost hundreds of MiB."""
+    budget = NAMES_BYTES if budget is None else budget
+    kept = []
+    for name in names:
+        if name.isascii() and name.isprintable():
+            budget -= len(name) + name.count("\\") + name.count('"') + 3
+        else:
+            budget -= len(name) * 6 + 3  # the worst JSON escaping of each character
+        if budget < 0:
+            break
+        kept.append(name)
+    return kept
+
+
 def _bounded_number(value, default, upper):
     """A request's number, finite and within (0, upper]; the default when absent."""
     if value is None:
@@ -1388,9 +1433,29 @@ def _close_scratch_folders():
             continue
 
 
-def _agent_home():
-    """The agent's HOME from the container's environment, if it is a folder of its own (never
-    ``/`` or a folder root owns)."""
+def _agent_home(workspace, identity):
+    """The HOME of the agent's commands: a fresh folder on ``/tmp`` when that is a filesystem of
+    its own (the bounded tmpfs of the default settings). Then no folder outside the workspace on
+    the workspace's filesystem is the agent's: what it writes there would escape the quota, and
+    a hard link made there to a workspace file would change the file without the workspace
+    seeing it. Otherwise (``tmp_size=None``) the image user's home folder, given to the agent."""
+    try:
+        on_tmpfs = os.stat("/tmp").st_dev != os.stat(workspace).st_dev
+    except OSError:
+        on_tmpfs = False
+    if on_tmpfs and identity.agent is not None:
+        home = "/tmp/.home"
+        try:
+            os.mkdir(home, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        try:
+            os.lchown(home, *identity.agent)
+        except OSError:
+            return None
+        return home
     home = os.environ.get("HOME")
     if not home or not os.path.isabs(home) or os.path.realpath(home) == "/":
         return None
@@ -1398,7 +1463,10 @@ def _agent_home():
         st = os.lstat(home)
     except OSError:
         return None
-    return home if stat.S_ISDIR(st.st_mode) and st.st_uid != 0 else None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid == 0:
+        return None
+    identity.adopt([home])
+    return home
 
 
 def _tool_env():
