@@ -53,7 +53,7 @@ async def test_a_flattened_checkpoint_keeps_world_user_tools_and_environment(tmp
             action=tool("shell.exec", command="id -u; echo $HOME; ls /workspace | wc -l; cat /etc/softprobe/tools.json | head -c 1"),
         )
         uid, *rest = probe.observation.split()
-        assert rest == ["/home/agent", "6", "{"]
+        assert rest == ["/tmp/.home", "6", "{"]  # HOME is on the bounded /tmp
         assert uid == str(host._episodes[current].sandbox.hello.uid)  # the child's own uid
         account = await host.step(episode_id=current, action=tool("crm.get_account", id="A-42"))
         assert account.observation["id"] == "A-42"
