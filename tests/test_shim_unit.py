@@ -237,30 +237,52 @@ def test_seed_op_writes_files_as_the_shim_user_and_rescans(tmp_path):
     assert not (tmp_path / "escape").exists()
 
 
+class LocalShim:
+    """The shim run directly (not as a container's init), spoken to over its pipes."""
+
+    def __init__(self, workspace: Path, tools: dict | None = None) -> None:
+        import json
+        import subprocess
+        import sys
+
+        manifest = workspace.parent / f"{workspace.name}-tools.json"
+        manifest.write_text(json.dumps({"tools": tools or {}}))
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", shim.__file__, "--workspace", str(workspace), "--manifest", str(manifest)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )
+
+    def ask(self, request: dict) -> bytes:
+        import json
+
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(request).encode() + b"\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline()
+
+    def call(self, tool: str, **args: object) -> bytes:
+        return self.ask({"id": 1, "op": "call", "tool": tool, "args": args, "timeout_s": 10, "output_cap": 1024})
+
+    def __enter__(self) -> "LocalShim":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 def test_a_shim_that_is_not_a_containers_init_never_signals_other_processes(tmp_path):
     """Outside a container (as here) kill(-1) would reach every process the user may signal."""
     import json
     import subprocess
-    import sys
 
     bystander = subprocess.Popen(["sleep", "60"])
-    shim_process = subprocess.Popen(
-        [sys.executable, "-I", shim.__file__, "--workspace", str(tmp_path), "--manifest", "/nonexistent.json"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-    )
     try:
-        requests = [
-            {"id": 1, "op": "call", "tool": "shell.exec", "args": {"command": "true"}, "timeout_s": 10, "output_cap": 1024},
-            {"id": 2, "op": "rescan"},
-        ]
-        for request in requests:
-            shim_process.stdin.write(json.dumps(request).encode() + b"\n")
-            shim_process.stdin.flush()
-            assert json.loads(shim_process.stdout.readline())["ok"]
+        with LocalShim(tmp_path) as local:
+            assert json.loads(local.call("shell.exec", command="true"))["ok"]
+            assert json.loads(local.ask({"id": 2, "op": "rescan"}))["ok"]
         assert bystander.poll() is None  # still running
     finally:
-        shim_process.kill()
-        shim_process.wait()
         bystander.kill()
         bystander.wait()
 
@@ -268,54 +290,27 @@ def test_a_shim_that_is_not_a_containers_init_never_signals_other_processes(tmp_
 def test_a_declared_tool_printing_nan_is_a_tool_failure_not_an_unreadable_reply(tmp_path):
     """The host refuses NaN/Infinity in replies, so the shim must never send them."""
     import json
-    import subprocess
     import sys
 
-    manifest = tmp_path / "tools.json"
-    manifest.write_text(json.dumps({"tools": {"nan.tool": {
-        "command": [sys.executable, "-c", "print('{\"x\": NaN}')"], "output": "json"}}}))
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    shim_process = subprocess.Popen(
-        [sys.executable, "-I", shim.__file__, "--workspace", str(workspace), "--manifest", str(manifest)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-    )
-    try:
-        request = {"id": 1, "op": "call", "tool": "nan.tool", "args": {}, "timeout_s": 10, "output_cap": 1024}
-        shim_process.stdin.write(json.dumps(request).encode() + b"\n")
-        shim_process.stdin.flush()
-        line = shim_process.stdout.readline()
-        reply = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in the reply"))
-        assert reply["ok"] and reply["result"]["error"]["type"] == "tool_failed"
-    finally:
-        shim_process.kill()
-        shim_process.wait()
+    tools = {"nan.tool": {"command": [sys.executable, "-c", 'print(\'{"x": NaN}\')'], "output": "json"}}
+    with LocalShim(workspace, tools) as local:
+        reply = json.loads(local.call("nan.tool"), parse_constant=lambda name: pytest.fail(f"{name} in the reply"))
+    assert reply["ok"] and reply["result"]["error"]["type"] == "tool_failed"
 
 
 def test_declared_tools_start_outside_the_workspace(tmp_path):
     """Nothing the agent plants in the workspace is found through a tool's current folder."""
     import json
-    import subprocess
     import sys
 
-    manifest = tmp_path / "tools.json"
-    manifest.write_text(json.dumps({"tools": {"where": {
-        "command": [sys.executable, "-c", "import os; print(os.getcwd(), os.environ['SOFTPROBE_WORKSPACE'])"]}}}))
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    shim_process = subprocess.Popen(
-        [sys.executable, "-I", shim.__file__, "--workspace", str(workspace), "--manifest", str(manifest)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-    )
-    try:
-        request = {"id": 1, "op": "call", "tool": "where", "args": {}, "timeout_s": 10, "output_cap": 1024}
-        shim_process.stdin.write(json.dumps(request).encode() + b"\n")
-        shim_process.stdin.flush()
-        reply = json.loads(shim_process.stdout.readline())
-        assert reply["result"]["observation"] == "/ /workspace\n", reply
-    finally:
-        shim_process.kill()
-        shim_process.wait()
+    tools = {"where": {"command": [sys.executable, "-c", "import os; print(os.getcwd(), os.environ['SOFTPROBE_WORKSPACE'])"]}}
+    with LocalShim(workspace, tools) as local:
+        reply = json.loads(local.call("where"))
+    assert reply["result"]["observation"] == "/ /workspace\n", reply
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root (CI runs as root)")
