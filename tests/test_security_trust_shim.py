@@ -322,12 +322,15 @@ async def test_row_33_a_fifo_where_the_hook_reads_is_refused_at_once(tmp_path, s
 EXHAUST_INOTIFY = (
     "import ctypes, time\n"
     "libc = ctypes.CDLL(None)\n"
+    "report = open('/workspace/holding.tmp', 'w')  # opened first: the fd limit may be what stops the loop\n"
     "fds = []\n"
     "while True:\n"
     "    fd = libc.inotify_init1(0)\n"
     "    if fd < 0: break\n"
     "    fds.append(fd)\n"
-    "open('/workspace/holding', 'w').write(str(len(fds)))\n"
+    "report.write(str(len(fds)))\n"
+    "report.close()\n"
+    "import os; os.rename('/workspace/holding.tmp', '/workspace/holding')\n"
     "time.sleep(30)\n"
 )
 
