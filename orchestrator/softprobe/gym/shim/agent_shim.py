@@ -357,9 +357,6 @@ class ChangeTracker:
         self.watched.add(rel)
         return True
 
-    def _watch_new_tree(self, rel, changed):
-        return _walk_folders_first(self, rel, changed)
-
     def changes(self):
         """(paths that changed, exact): not exact after an overflow, a renamed folder or a
         folder that could not be walked; the paths seen are kept all the same."""
@@ -387,7 +384,7 @@ class ChangeTracker:
                 if mask & self.IN_ISDIR and mask & (self.IN_MOVED_FROM | self.IN_MOVED_TO):
                     exact = False  # a renamed directory moves watches: start over
                 if mask & self.IN_ISDIR and mask & self.IN_CREATE:
-                    exact = self._watch_new_tree(rel, changed) and exact
+                    exact = _walk_folders_first(self, rel, changed) and exact
                 if rel:
                     changed.add(rel)
         return changed, exact
@@ -863,6 +860,12 @@ class Shim:
         self.workspace = os.path.realpath(workspace)
         self.home = _agent_home(self.workspace, self.identity)
         self.identity.adopt([self.workspace])
+        # Fixed for the container's life, so worked out once, not per call: the agent's
+        # environment (the container's, set by the image and the host, never by the agent, with
+        # the agent's HOME), the declared tools' one, and the shim's own hash.
+        self.agent_env = dict(os.environ, **({"HOME": self.home} if self.home else {}))
+        self.tool_env = _tool_env()
+        self.sha256 = _own_sha256()
         self.index = WorkspaceIndex(self.workspace)
         # Made while acting as the agent: inotify instances and watches are charged to the uid
         # that made the instance, so a workspace of 10^5 folders uses up the episode's watches,
@@ -1017,7 +1020,7 @@ class Shim:
         return {
             "protocol": PROTOCOL_VERSION,
             "shim_version": SHIM_VERSION,
-            "shim_sha256": _own_sha256(),
+            "shim_sha256": self.sha256,
             "python": "%d.%d.%d" % sys.version_info[:3],
             "uid": agent[0] if agent else os.getuid(),
             "shim_uid": os.getuid(),
@@ -1269,7 +1272,7 @@ class Shim:
         argv, spawn = self.identity.spawn("agent", ["/bin/sh", "-c", args["command"]])
         exit_code, output, diagnostics = run_process(
             argv, self.workspace, timeout_s, output_cap,
-            spawn=spawn, env=self._agent_env(),
+            spawn=spawn, env=self.agent_env,
             over_quota=self._poll_quota if self._quota_polled() else None,
         )
         text = output.text()
@@ -1294,7 +1297,7 @@ class Shim:
         # where the workspace is.
         exit_code, output, diagnostics = run_process(
             argv, "/", timeout_s, output_cap, stdin_data,
-            spawn=spawn, env=_tool_env(),
+            spawn=spawn, env=self.tool_env,
             over_quota=self._poll_quota if self._quota_polled() else None,
         )
         text = output.text()
@@ -1313,14 +1316,6 @@ class Shim:
 
     def _quota_polled(self):
         return bool(self.limits.quota_bytes or self.limits.quota_inodes)
-
-    def _agent_env(self):
-        """The environment of the agent's commands: the container's (set by the image and the
-        host, never by the agent), with the agent's HOME and names."""
-        env = dict(os.environ)
-        if self.home:
-            env["HOME"] = self.home
-        return env
 
     # -- seeding -----------------------------------------------------------------------------
 
