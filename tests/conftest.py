@@ -28,13 +28,13 @@ from helpers import SUPPORT_DESK  # noqa: E402
 
 def _docker_problem() -> str | None:
     try:
-        from softprobe.gym.sandbox.docker_backend import connect_docker
+        from softprobe.gym.providers.docker.provider import connect_docker
 
         client = connect_docker()
     except DockerUnavailableError as err:
         return str(err)
     try:
-        from softprobe.gym.images import build_images
+        from softprobe.gym.providers.docker.images import build_images
 
         build_images(mode="auto", log=lambda line: None, client=client)
     except Exception as err:  # a failed image build is a reason, reported as such

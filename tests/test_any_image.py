@@ -7,7 +7,7 @@ import pytest
 
 from helpers import tool
 from softprobe.gym import create_host_environment
-from softprobe.gym.images import PUBLIC_PYTHON_IMAGE, ROOTFS_IMAGE
+from softprobe.gym.providers.docker.images import PUBLIC_PYTHON_IMAGE, ROOTFS_IMAGE
 
 pytestmark = pytest.mark.docker
 

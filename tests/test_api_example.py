@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from softprobe.gym import create_host_environment
-from softprobe.gym.episode_store import remove_tree
+from softprobe.gym.episodes.store import remove_tree
 
 pytestmark = pytest.mark.docker
 

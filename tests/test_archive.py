@@ -11,7 +11,7 @@ import tarfile
 import pytest
 
 from softprobe.gym import UnsafeArchiveError
-from softprobe.gym.sandbox.archive import build_seed_archive, safe_extract
+from softprobe.gym.providers.archive import build_seed_archive, safe_extract
 
 
 def tar_with(*members: tarfile.TarInfo) -> io.BytesIO:
@@ -207,7 +207,7 @@ def test_hard_links_are_made_only_to_files_this_archive_wrote(tmp_path):
 
 
 def test_the_list_of_skipped_members_is_bounded(tmp_path, monkeypatch):
-    from softprobe.gym.sandbox import archive
+    from softprobe.gym.providers import archive
 
     monkeypatch.setattr(archive, "MAX_SKIPPED_LISTED", 3)
     fifos = [member(f"workspace/fifo{i}", tarfile.FIFOTYPE) for i in range(10)]

@@ -32,7 +32,7 @@ def test_quick_bench_reports_every_row_as_json_and_leaves_nothing(docker_engine)
 
 
 def test_runtimes_side_by_side_share_one_table():
-    from softprobe.gym.bench import BenchReport, BenchRow, RuntimeComparison, format_comparison
+    from softprobe.gym.cli.bench import BenchReport, BenchRow, RuntimeComparison, format_comparison
 
     def report(fs_read: float) -> BenchReport:
         row = BenchRow(name="step fs.read (200 B file)", unit="ms", ours_p50=fs_read, samples=1)

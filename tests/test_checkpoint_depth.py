@@ -12,7 +12,7 @@ import pytest
 
 from helpers import SUPPORT_DESK, ready, tool
 from softprobe.gym import create_host_environment
-from softprobe.gym.sandbox.docker_backend import FLATTEN_AT_LAYERS, DockerBackend
+from softprobe.gym.providers.docker.provider import FLATTEN_AT_LAYERS, DockerBackend
 
 pytestmark = pytest.mark.docker
 CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}

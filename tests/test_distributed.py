@@ -21,7 +21,7 @@ Cluster = require_extra("ray.cluster_utils", "ray").Cluster
 
 from helpers import SUPPORT_DESK, owned_by_process, tool  # noqa: E402
 from softprobe.gym import create_host_environment, create_training_session  # noqa: E402
-from softprobe.gym.distributed import DistributedHost, NodeLostError, RolloutFailedError, RolloutOutcome  # noqa: E402
+from softprobe.gym.scale.ray import DistributedHost, NodeLostError, RolloutFailedError, RolloutOutcome  # noqa: E402
 
 pytestmark = pytest.mark.docker
 

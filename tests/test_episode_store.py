@@ -7,7 +7,7 @@ import os
 import pytest
 
 from softprobe.gym import EpisodeExistsError, GymError
-from softprobe.gym.episode_store import EpisodeStore, remove_tree
+from softprobe.gym.episodes.store import EpisodeStore, remove_tree
 
 
 def test_a_folder_that_holds_records_cannot_be_claimed_again(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import owned_by_process
-from softprobe.gym.suite import SuiteError, load_suite
+from softprobe.gym.evals.suite import SuiteError, load_suite
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "images" / "support-desk" / "examples"
 # The screenshot README.md shows. The browser test below saves its own where
@@ -210,8 +210,8 @@ def test_a_repeated_task_id_points_at_the_repeat_not_at_line_1(tmp_path):
 
 
 def test_summary_counts_are_disjoint_and_add_up_to_the_plan():
-    from softprobe.gym.eval_runner import TaskResult, _summary
-    from softprobe.gym.suite import Suite
+    from softprobe.gym.evals.runner import TaskResult, _summary
+    from softprobe.gym.evals.suite import Suite
 
     def result(task_id: str, passed: bool, error: str | None) -> TaskResult:
         status = "succeeded" if error is None else "subject_error"

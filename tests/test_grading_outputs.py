@@ -79,8 +79,8 @@ def test_grade_grades_the_rest_when_the_grader_cannot_and_exits_2(tmp_path):
 
 
 async def test_eval_counts_errored_tasks_apart_and_never_scores_them_0(tmp_path):
-    from softprobe.gym.eval_runner import TaskRecord, grade_records
-    from softprobe.gym.suite import load_suite
+    from softprobe.gym.evals.runner import TaskRecord, grade_records
+    from softprobe.gym.evals.suite import load_suite
 
     suite_path = tmp_path / "suite.yaml"
     suite_path.write_text("name: s\ntasks:\n" + "".join(

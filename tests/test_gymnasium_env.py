@@ -12,7 +12,7 @@ from helpers import require_extra  # noqa: E402
 check_env = require_extra("gymnasium.utils.env_checker", "gymnasium").check_env
 
 from helpers import SUPPORT_DESK  # noqa: E402
-from softprobe.gym.gymnasium import SoftprobeEnv  # noqa: E402
+from softprobe.gym.training.gymnasium import SoftprobeEnv  # noqa: E402
 
 pytestmark = pytest.mark.docker
 

@@ -6,7 +6,7 @@ import docker.errors
 import pytest
 import requests
 
-from softprobe.gym.sandbox.retry import control_plane, is_transient
+from softprobe.gym.providers.docker.retry import control_plane, is_transient
 
 
 def api_error(status: int, explanation: str) -> docker.errors.APIError:

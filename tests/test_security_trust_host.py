@@ -162,7 +162,7 @@ async def test_row_29_lone_surrogates_anywhere_in_an_action_are_refused(host, ac
 def test_row_29_through_the_gymnasium_adapter(tmp_path, docker_engine, seed_root):
     from helpers import require_extra
 
-    gymnasium_env = require_extra("softprobe.gym.gymnasium", "gymnasium")
+    gymnasium_env = require_extra("softprobe.gym.training.gymnasium", "gymnasium")
     env = gymnasium_env.SoftprobeEnv(image=SUPPORT_DESK, seed_root=seed_root, run_root=tmp_path)
     try:
         env.reset()

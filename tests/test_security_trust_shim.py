@@ -19,7 +19,7 @@ from helpers import SUPPORT_DESK, processes, ready, tool
 from softprobe.gym import create_host_environment
 from softprobe.gym import labels as L
 from softprobe.gym.errors import SandboxError
-from softprobe.gym.sandbox.docker_backend import SHIM_SHA256
+from softprobe.gym.shim import SHIM_SHA256
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("episode_runtime")]  # row 40: runc and runsc
 

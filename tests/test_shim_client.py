@@ -7,7 +7,7 @@ import json
 import pytest
 
 from softprobe.gym import SandboxLostError, ShimReplyError
-from softprobe.gym.sandbox.shim_client import ShimClient
+from softprobe.gym.shim.client import ShimClient
 
 
 class ScriptedChannel:

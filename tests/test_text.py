@@ -41,7 +41,7 @@ def test_multi_line_blocks_may_keep_their_newlines():
 
 
 def test_eval_progress_lines_escape_agent_text(capsys):
-    from softprobe.gym.eval_runner import plain_progress
+    from softprobe.gym.evals.runner import plain_progress
 
     plain_progress("task-1: failed: RuntimeError: \r\x1b[2K[5/5] all passed", 1, 5)
     err = capsys.readouterr().err
@@ -50,7 +50,7 @@ def test_eval_progress_lines_escape_agent_text(capsys):
 
 def test_demo_steps_escape_observations_and_changed_paths():
     from softprobe.gym.actions import parse_action
-    from softprobe.gym.demo import _format_step
+    from softprobe.gym.cli.demo import _format_step
     from softprobe.gym.results import StepResult
 
     step = StepResult(

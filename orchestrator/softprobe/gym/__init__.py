@@ -3,8 +3,8 @@
 The Python counterpart of ``@softprobe/gym``. Start with :func:`create_host_environment`.
 """
 
-from .actions import TerminateAction, ToolAction, parse_action
-from .errors import (
+from softprobe.gym.actions import TerminateAction, ToolAction, parse_action
+from softprobe.gym.errors import (
     CapabilityError,
     CheckpointTooLargeError,
     ConfigurationError,
@@ -32,12 +32,12 @@ from .errors import (
     UnsafeArchiveError,
     UnsupportedForkError,
 )
-from .conformance import CheckOutcome, HostCheckReport, check_host
-from .fork import ForkLineage, ForkResult
-from .export import PromptfooInput, TrajectoryStep
-from .hooks import StepContext
-from .host import DEFAULT_IMAGE, HostEnvironment, create_host_environment
-from .results import (
+from softprobe.gym.episodes.check import CheckOutcome, HostCheckReport, check_host
+from softprobe.gym.episodes.fork import ForkLineage, ForkResult
+from softprobe.gym.training.export import PromptfooInput, TrajectoryStep
+from softprobe.gym.episodes.hooks import StepContext
+from softprobe.gym.episodes.host import DEFAULT_IMAGE, HostEnvironment, create_host_environment
+from softprobe.gym.results import (
     CheckpointRecord,
     EpisodeHandle,
     EpisodeState,
@@ -48,8 +48,8 @@ from .results import (
     StepResult,
     ToolInfo,
 )
-from .rewards import Check, Facts, RewardContext, RewardTracker, map_reward_components
-from .session import (
+from softprobe.gym.training.rewards import Check, Facts, RewardContext, RewardTracker, map_reward_components
+from softprobe.gym.training.session import (
     ResetEvent,
     Rollout,
     RolloutResult,
@@ -59,8 +59,8 @@ from .session import (
     create_training_session,
     rollout_to_promptfoo_input,
 )
-from .settings import Capabilities, ContainerSettings
-from .splits import TrainEvalSplit, assert_no_leakage, partition_train_eval
+from softprobe.gym.settings import Capabilities, ContainerSettings
+from softprobe.gym.training.splits import TrainEvalSplit, assert_no_leakage, partition_train_eval
 
 __version__ = "0.1.0"
 

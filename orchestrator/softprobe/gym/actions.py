@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .errors import InvalidActionError
-from .text import has_surrogate, readable_text
+from softprobe.gym.errors import InvalidActionError
+from softprobe.gym.text import has_surrogate, readable_text
 
 #: Largest action accepted, as UTF-8 JSON. Bigger ones are refused before they reach the shim.
 MAX_ACTION_BYTES = 16 * 1024 * 1024

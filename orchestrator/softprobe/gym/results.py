@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .actions import TerminateAction, ToolAction
+from softprobe.gym.actions import TerminateAction, ToolAction
 
 
 class EpisodeState(str, Enum):

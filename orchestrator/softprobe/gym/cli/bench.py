@@ -1,0 +1,429 @@
+"""``softprobe-gym bench``: our operations next to the raw Docker operation doing the same work.
+
+Each pair is measured interleaved in one run (ours, then raw, then ours...), so that whatever
+else the machine does affects both sides alike. Rows:
+
+- a step (``fs.read`` of 200 B) vs ``docker exec cat``; ``shell.exec true`` vs ``docker exec true``;
+- a cold reset vs ``docker create`` + ``put_archive`` + ``start``; a warm reset (from the pool);
+- a checkpoint vs ``docker commit``; forks by prefix re-execution (N=1, 10) and checkpoint import;
+- K episodes stepping at once (K = 1, 8, 32, 64): steps/s, vs raw shim round trips on the same
+  containers (the floor: no host bookkeeping);
+- a step after a one-file change in a 10,000-file workspace vs the same in an empty one;
+- memory of an idle episode (its container and the host's share);
+- a full support-desk training rollout, end to end.
+
+Ratios, not absolute times, are what carry from one machine to another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from pydantic import BaseModel
+
+from softprobe.gym import labels as L
+from softprobe.gym.episodes.host import HostEnvironment, create_host_environment
+from softprobe.gym.providers.archive import build_seed_archive
+from softprobe.gym.providers.base import Sandbox
+from softprobe.gym.providers.docker.provider import DockerBackend, _host_config_kwargs
+from softprobe.gym.settings import RUNTIME_ENV, ContainerSettings
+
+
+class BenchRow(BaseModel):
+    """One measurement: ours next to the baseline, and their ratio.
+
+    ``ratio`` is baseline / ours for times (above 1: we are faster) and ours / baseline for
+    rates (above 1: we do more per second); ``ratio_meaning`` says which.
+    """
+
+    name: str
+    unit: str
+    ours_p50: float
+    ours_p99: float | None = None
+    baseline: str | None = None
+    baseline_p50: float | None = None
+    baseline_p99: float | None = None
+    ratio: float | None = None
+    ratio_meaning: str | None = None
+    samples: int
+
+
+class BenchReport(BaseModel):
+    image: str
+    quick: bool
+    rows: list[BenchRow]
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _time_row(name: str, baseline: str | None, ours: list[float], raw: list[float] | None) -> BenchRow:
+    ours_p50 = statistics.median(ours)
+    row = BenchRow(name=name, unit="ms", ours_p50=round(ours_p50 * 1000, 3),
+                   ours_p99=round(_p(ours, 0.99) * 1000, 3), samples=len(ours))
+    if raw:
+        raw_p50 = statistics.median(raw)
+        row.baseline = baseline
+        row.baseline_p50 = round(raw_p50 * 1000, 3)
+        row.baseline_p99 = round(_p(raw, 0.99) * 1000, 3)
+        row.ratio = round(raw_p50 / ours_p50, 2)
+        row.ratio_meaning = "baseline/ours: >1 means faster"
+    return row
+
+
+async def _timed(func: Callable[[], Awaitable[object]]) -> float:
+    started = time.perf_counter()
+    await func()
+    return time.perf_counter() - started
+
+
+class _NoSubject:
+    """Lets the bench declare subject_state_import, so checkpoint_import can be measured."""
+
+    def export_state(self, episode_id: str) -> None:
+        return None
+
+    def import_state(self, episode_id: str, state: object) -> None:
+        return None
+
+
+READ = {"type": "tool", "name": "fs.read", "args": {"path": "small.txt"}}
+TRUE = {"type": "tool", "name": "shell.exec", "args": {"command": "true"}}
+
+
+async def run_bench(*, image: str, quick: bool = False, log: Callable[[str], None] = lambda _: None) -> BenchReport:
+    """Run every measurement; leaves no container, image or folder behind."""
+    n = {"steps": 200, "execs": 20, "resets": 6, "forks": 3, "concurrency": (1, 8)} if quick else {
+        "steps": 1000, "execs": 100, "resets": 25, "forks": 5, "concurrency": (1, 8, 32, 64)}
+    rows: list[BenchRow] = []
+    with tempfile.TemporaryDirectory(prefix="softprobe-bench-") as tmp:
+        seed = Path(tmp) / "seed"
+        seed.mkdir()
+        (seed / "small.txt").write_text("x" * 200)
+        async with create_host_environment(
+            run_root=Path(tmp) / "run", seed_root=seed, image=image, pool_size=2,
+            capabilities={"subject_state_import": True}, subject=_NoSubject(),
+        ) as host:
+            backend: DockerBackend = host._backend  # type: ignore[assignment]
+            await host.warm_up()
+            log("steps")
+            rows += await _steps(host, backend, n)
+            log("resets")
+            rows += await _resets(host, backend, seed, n)
+            log("checkpoints and forks")
+            rows += await _checkpoints_and_forks(host, backend, n)
+        log("concurrency")
+        rows += await _concurrency(image, Path(tmp), seed, n["concurrency"], quick)
+        log("large workspace")
+        rows += await _large_workspace(image, Path(tmp))
+        log("memory and a full rollout")
+        rows += await _memory_and_rollout(image, Path(tmp), seed)
+    return BenchReport(image=image, quick=quick, rows=rows)
+
+
+def _sandbox(host: HostEnvironment, episode_id: str) -> Sandbox:
+    sandbox = host._episodes[episode_id].sandbox
+    assert sandbox is not None
+    return sandbox
+
+
+async def _raw_exec(backend: DockerBackend, container_id: str, cmd: list[str]) -> None:
+    api = backend.client.api
+
+    def run() -> None:
+        api.exec_start(api.exec_create(container_id, cmd)["Id"])
+
+    await backend._run(run)
+
+
+async def _steps(host: HostEnvironment, backend: DockerBackend, n: dict[str, Any]) -> list[BenchRow]:
+    await host.create_episode(episode_id="bench")
+    await host.reset(episode_id="bench")
+    container = _sandbox(host, "bench").sandbox_id
+    for _ in range(20):
+        await host.step(episode_id="bench", action=READ)
+    ours, raw = [], []
+    for i in range(n["steps"]):
+        ours.append(await _timed(lambda: host.step(episode_id="bench", action=READ)))
+        if i < n["execs"]:
+            raw.append(await _timed(lambda: _raw_exec(backend, container, ["cat", "/workspace/small.txt"])))
+    rows = [_time_row("step fs.read (200 B file)", "docker exec cat", ours, raw)]
+    ours, raw = [], []
+    for _ in range(n["execs"]):
+        ours.append(await _timed(lambda: host.step(episode_id="bench", action=TRUE)))
+        raw.append(await _timed(lambda: _raw_exec(backend, container, ["true"])))
+    rows.append(_time_row("step shell.exec true", "docker exec true", ours, raw))
+    # The floor under any step: a bare protocol round trip to the same shim.
+    shim = _sandbox(host, "bench")
+    floor = [await _timed(lambda: shim.exists("small.txt")) for _ in range(n["steps"])]
+    ours = [await _timed(lambda: host.step(episode_id="bench", action=READ)) for _ in range(n["steps"])]
+    row = _time_row("step overhead over a bare shim round trip", "shim round trip", ours, floor)
+    row.ratio, row.ratio_meaning = round(row.ours_p50 - (row.baseline_p50 or 0), 3), "ours - baseline (ms added)"
+    rows.append(row)
+    return rows
+
+
+async def _resets(host: HostEnvironment, backend: DockerBackend, seed: Path, n: dict[str, Any]) -> list[BenchRow]:
+    api = backend.client.api
+    image_id = _sandbox(host, "bench").image_id
+    archive = build_seed_archive(seed, uid=1000, gid=1000)
+    host_config = api.create_host_config(**_host_config_kwargs(host.container_settings))
+    raw_ids: list[str] = []
+
+    async def raw_reset() -> None:
+        def run() -> None:
+            container = api.create_container(
+                image_id, command=["sleep", "infinity"], user="1000:1000", host_config=host_config,
+                labels={L.MANAGED: "true", L.OWNER: L.current_owner(), L.HOST: host.host_id},
+            )["Id"]
+            raw_ids.append(container)
+            api.put_archive(container, "/", archive)
+            api.start(container)
+
+        await backend._run(run)
+
+    pool, host.pool = host.pool, None  # cold: no pool
+    ours, raw = [], []
+    for _ in range(n["resets"]):
+        ours.append(await _timed(lambda: host.reset(episode_id="bench")))
+        raw.append(await _timed(raw_reset))
+        await backend._run(backend._remove, raw_ids.pop())
+    host.pool = pool
+    rows = [_time_row("reset, cold (new container + seed)", "docker create+put_archive+start", ours, raw)]
+    warm = []
+    for _ in range(n["resets"]):
+        assert host.pool is not None
+        await host.pool.wait_ready()
+        warm.append(await _timed(lambda: host.reset(episode_id="bench")))
+    rows.append(_time_row("reset, warm (from the pool)", "docker create+put_archive+start", warm, raw))
+    return rows
+
+
+async def _checkpoints_and_forks(host: HostEnvironment, backend: DockerBackend, n: dict[str, Any]) -> list[BenchRow]:
+    api = backend.client.api
+    write = {"type": "tool", "name": "fs.write", "args": {"path": "n.txt", "content": "1"}}
+    await host.step(episode_id="bench", action=write)
+    ours, raw = [], []
+    for _ in range(n["resets"]):
+        ours.append(await _timed(lambda: host.checkpoint(episode_id="bench")))
+        started = time.perf_counter()
+        committed = await backend._run(api.commit, _sandbox(host, "bench").sandbox_id,
+                                       conf={"Labels": {L.MANAGED: "true", L.OWNER: L.current_owner()}}, pause=False)
+        raw.append(time.perf_counter() - started)
+        await backend.remove_image(committed["Id"])
+    rows = [_time_row("checkpoint", "docker commit (no pause)", ours, raw)]
+    for i in range(10):
+        await host.step(episode_id="bench", action={**write, "args": {"path": f"f{i}", "content": str(i)}})
+    ckpt = await host.checkpoint(episode_id="bench")
+    for name, kwargs in [
+        ("fork, prefix re-execution N=1", dict(path="prefix_reexecution", prefix_length=1)),
+        ("fork, prefix re-execution N=10", dict(path="prefix_reexecution", prefix_length=10)),
+        ("fork, checkpoint import", dict(path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)),
+    ]:
+        times = []
+        for _ in range(n["forks"]):
+            assert host.pool is not None
+            await host.pool.wait_ready()
+            started = time.perf_counter()
+            child = await host.fork(episode_id="bench", **kwargs)  # type: ignore[arg-type]
+            times.append(time.perf_counter() - started)
+            await host.destroy(episode_id=child.episode_id, cleanup=True)
+        rows.append(_time_row(name, None, times, None))
+    return rows
+
+
+async def _concurrency(image: str, tmp: Path, seed: Path, ks: tuple[int, ...], quick: bool) -> list[BenchRow]:
+    rows = []
+    steps_each = 100 if quick else 200
+    for k in ks:
+        async with create_host_environment(run_root=tmp / f"k{k}", seed_root=seed, image=image) as host:
+            names = [f"k{k}-{i}" for i in range(k)]
+            await asyncio.gather(*(host.create_episode(episode_id=name) for name in names))
+            await asyncio.gather(*(host.reset(episode_id=name) for name in names))
+            latencies: list[float] = []
+
+            async def ours(name: str) -> None:
+                for _ in range(steps_each):
+                    latencies.append(await _timed(lambda: host.step(episode_id=name, action=READ)))
+
+            async def floor(name: str) -> None:
+                shim = _sandbox(host, name)
+                for _ in range(steps_each):
+                    await shim.exists("small.txt")
+
+            wall = await _timed(lambda: asyncio.gather(*(ours(name) for name in names)))
+            raw_wall = await _timed(lambda: asyncio.gather(*(floor(name) for name in names)))
+            total = k * steps_each
+            ours_rate, raw_rate = total / wall, total / raw_wall
+            rows.append(BenchRow(
+                name=f"{k} episodes stepping at once", unit="steps/s", ours_p50=round(ours_rate),
+                ours_p99=round(_p(latencies, 0.99) * 1000, 3), baseline="bare shim round trips, same containers",
+                baseline_p50=round(raw_rate), ratio=round(ours_rate / raw_rate, 2),
+                ratio_meaning="ours/baseline rate (p99 column: our step latency in ms)", samples=total,
+            ))
+    return rows
+
+
+async def _large_workspace(image: str, tmp: Path) -> list[BenchRow]:
+    big = tmp / "big-seed"
+    for d in range(100):
+        folder = big / f"d{d:02d}"
+        folder.mkdir(parents=True)
+        for f in range(100):
+            (folder / f"f{f:02d}.txt").write_text(f"{d}-{f}\n")
+    change = {"type": "tool", "name": "shell.exec", "args": {"command": "echo changed > d07/f07.txt"}}
+    empty_change = {"type": "tool", "name": "shell.exec", "args": {"command": "echo changed > one.txt"}}
+    results = {}
+    for label, seed_root, action in [("big", big, change), ("empty", None, empty_change)]:
+        async with create_host_environment(run_root=tmp / f"ws-{label}", seed_root=seed_root, image=image) as host:
+            await host.create_episode(episode_id="ws")
+            await host.reset(episode_id="ws")
+            for _ in range(3):
+                await host.step(episode_id="ws", action=action)
+            results[label] = [await _timed(lambda: host.step(episode_id="ws", action=action)) for _ in range(30)]
+    row = _time_row("step after a 1-file change, 10,000-file workspace", "same step, empty workspace",
+                    results["big"], results["empty"])
+    row.ratio = round(statistics.median(results["big"]) / statistics.median(results["empty"]), 2)
+    row.ratio_meaning = "ours/baseline: the cost of workspace size (target <= 3)"
+    return [row]
+
+
+def _rss_kib() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+async def _memory_and_rollout(image: str, tmp: Path, seed: Path) -> list[BenchRow]:
+    from softprobe.gym.training.session import create_training_session
+
+    k = 8
+    rows = []
+    async with create_host_environment(run_root=tmp / "mem", seed_root=seed, image=image) as host:
+        backend: DockerBackend = host._backend  # type: ignore[assignment]
+        names = [f"m{i}" for i in range(k)]
+        await host.create_episode(episode_id="m-warm")
+        await host.reset(episode_id="m-warm")
+        before = _rss_kib()
+        for name in names:
+            await host.create_episode(episode_id=name)
+            await host.reset(episode_id=name)
+        host_share = (_rss_kib() - before) / k / 1024
+
+        def container_mb(container_id: str) -> float:
+            stats = backend.client.api.stats(container_id, stream=False)
+            memory = stats.get("memory_stats", {})
+            cache = memory.get("stats", {}).get("cache", memory.get("stats", {}).get("inactive_file", 0))
+            return (memory.get("usage", 0) - cache) / 1024 / 1024
+
+        per_container = [await backend._run(container_mb, _sandbox(host, name).sandbox_id) for name in names]
+        total = statistics.median(per_container) + host_share
+        rows.append(BenchRow(name=f"memory of an idle episode (median of {k})", unit="MB", ours_p50=round(total, 2),
+                             baseline="container working set + host share", baseline_p50=round(statistics.median(per_container), 2),
+                             ratio=round(host_share, 2), ratio_meaning="host share of the total (MB)", samples=k))
+    if image.endswith("support-desk:latest"):
+        async def has_note(ctx: Any) -> dict[str, Any]:
+            return {"workspace_had_note": await ctx.exists("refund-note.md")}
+
+        times = []
+        async with create_host_environment(run_root=tmp / "rollout", image=image, on_step=has_note) as host:
+            for i in range(5):
+                session = create_training_session(host, episode_id=f"r{i}", reward_from=lambda ctx: {
+                    "checks": [{"name": "note_written", "passed": bool(ctx.step_result.diagnostics.get("workspace_had_note"))}]})
+
+                async def rollout() -> None:
+                    async for _ in session.rollout([
+                        {"type": "tool", "name": "crm.get_account", "args": {"id": "A-42"}},
+                        {"type": "tool", "name": "fs.write", "args": {"path": "refund-note.md"}},
+                        {"type": "terminate"},
+                    ]):
+                        pass
+                    await session.finalize()
+
+                times.append(await _timed(rollout))
+        rows.append(_time_row("support-desk training rollout + finalize", None, times, None))
+    return rows
+
+
+def format_report(report: BenchReport) -> str:
+    header = f"{'measurement':52} {'unit':8} {'p50':>10} {'p99':>10}   {'baseline':38} {'p50':>10} {'ratio':>8}"
+    lines = [f"softprobe-gym bench on {report.image}{' (quick)' if report.quick else ''}", header, "-" * len(header)]
+    for r in report.rows:
+        lines.append(
+            f"{r.name:52} {r.unit:8} {r.ours_p50:10.3f} {'' if r.ours_p99 is None else f'{r.ours_p99:10.3f}':>10}   "
+            f"{r.baseline or '-':38} {'' if r.baseline_p50 is None else f'{r.baseline_p50:10.3f}':>10} "
+            f"{'' if r.ratio is None else f'{r.ratio:7.2f}':>8}"
+        )
+    lines.append("ratio: see each row's ratio_meaning in --json (times: baseline/ours, >1 faster)")
+    return "\n".join(lines)
+
+
+class RuntimeComparison(BaseModel):
+    """``bench --compare-runtimes``: one report per OCI runtime, measured in turn in one run."""
+
+    image: str
+    quick: bool
+    reports: dict[str, BenchReport]
+
+
+def format_comparison(comparison: RuntimeComparison) -> str:
+    names = list(comparison.reports)
+    header = f"{'measurement (p50)':52} {'unit':8}" + "".join(f" {name:>22}" for name in names)
+    lines = [f"softprobe-gym bench on {comparison.image}, runtimes side by side", header, "-" * len(header)]
+    by_runtime = {name: {row.name: row for row in report.rows} for name, report in comparison.reports.items()}
+    for row in comparison.reports[names[0]].rows:
+        cells = []
+        for name in names:
+            other = by_runtime[name].get(row.name)
+            cells.append(f" {'-' if other is None else f'{other.ours_p50:.3f}':>22}")
+        lines.append(f"{row.name:52} {row.unit:8}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def main_bench(*, image: str, quick: bool, as_json: bool, runtimes: list[str] | None = None) -> int:
+    """Run the bench (under each of ``runtimes`` in turn, if given) and print the report.
+
+    Raises:
+        ConfigurationError: a runtime the engine does not have.
+    """
+    import os
+    import sys
+
+    def log(stage: str) -> None:
+        print(f"bench: {stage} ...", file=sys.stderr)
+
+    if not runtimes:
+        report = asyncio.run(run_bench(image=image, quick=quick, log=log))
+        print(report.model_dump_json(indent=2) if as_json else format_report(report))
+        return 0
+    backend = DockerBackend()
+    try:
+        for runtime in runtimes:  # refuse an unknown runtime before measuring anything
+            backend.check_settings(ContainerSettings(runtime=runtime))
+    finally:
+        asyncio.run(backend.close())
+    reports = {}
+    saved = os.environ.get(RUNTIME_ENV)
+    try:
+        for runtime in runtimes:
+            os.environ[RUNTIME_ENV] = runtime  # every host the bench makes defaults to it
+            reports[runtime] = asyncio.run(run_bench(image=image, quick=quick, log=lambda s, r=runtime: log(f"{r}: {s}")))
+    finally:
+        if saved is None:
+            os.environ.pop(RUNTIME_ENV, None)
+        else:
+            os.environ[RUNTIME_ENV] = saved
+    comparison = RuntimeComparison(image=image, quick=quick, reports=reports)
+    print(comparison.model_dump_json(indent=2) if as_json else format_comparison(comparison))
+    return 0

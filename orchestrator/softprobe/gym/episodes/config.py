@@ -1,0 +1,106 @@
+"""The options of ``create_host_environment``, validated by one model.
+
+Types are checked strictly: ``"5"`` is not a number, ``True`` is not a step count and ``123`` is
+not an image name. Every problem becomes one :class:`ConfigurationError` naming the option.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from softprobe.gym.errors import ConfigurationError
+from softprobe.gym.providers.base import SandboxBackend
+from softprobe.gym.settings import Capabilities, ContainerSettings
+
+
+class HostOptions(BaseModel):
+    """Everything ``create_host_environment`` accepts, with its constraints (see its docstring
+    for what each option means)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_root: Path
+    seed_root: Path | None = None
+    image: StrictStr = Field(min_length=1)
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    on_step: Callable[..., Any] | None = None
+    subject: Any = None
+    container: ContainerSettings = Field(default_factory=ContainerSettings)
+    tool_timeout_s: float = Field(strict=True, gt=0, allow_inf_nan=False)
+    max_tool_timeout_s: float = Field(strict=True, gt=0, allow_inf_nan=False)
+    output_cap_bytes: StrictInt = Field(ge=1024)
+    max_steps: StrictInt | None = Field(default=None, ge=1)
+    docker_host: StrictStr | None = None
+    backend: InstanceOf[SandboxBackend] | None = None
+    sweep_on_start: StrictBool = True
+    pool_size: StrictInt = Field(default=0, ge=0)
+    max_containers: StrictInt | None = Field(default=None, ge=1)
+    workspace_tracking: Literal["inotify", "scan"] = "inotify"
+    artifact_budget_bytes: StrictInt | None = Field(default=None, ge=0)
+    checkpoint_budget_bytes: StrictInt | None = Field(default=None, ge=0)
+
+    @field_validator("run_root", "seed_root")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser().resolve()
+
+    @field_validator("seed_root")
+    @classmethod
+    def _seed_is_a_folder(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"{value} is not a directory")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HostOptions:
+        if self.tool_timeout_s > self.max_tool_timeout_s:
+            raise ValueError(
+                f"need tool_timeout_s <= max_tool_timeout_s (got {self.tool_timeout_s} > "
+                f"{self.max_tool_timeout_s})"
+            )
+        if self.capabilities.subject_state_import:
+            missing = [m for m in ("export_state", "import_state") if not callable(getattr(self.subject, m, None))]
+            if missing:
+                raise ValueError(
+                    "capabilities declare subject_state_import, so subject= must be an object with "
+                    f"export_state(episode_id) and import_state(episode_id, state); missing: {', '.join(missing)}"
+                )
+        return self
+
+    @classmethod
+    def parse(cls, **options: Any) -> HostOptions:
+        """Validate ``options``.
+
+        Raises:
+            ConfigurationError: one line per invalid option, each naming it, saying what is
+                wrong and what it got.
+        """
+        try:
+            return cls(**options)
+        except ValidationError as err:
+            problems = []
+            for error in err.errors():
+                name = ".".join(str(part) for part in error["loc"])
+                message = error["msg"].removeprefix("Value error, ")
+                got = "" if error["type"] in ("value_error", "missing") else f" (got {_short(error['input'])})"
+                problems.append(f"{name}: {message}{got}" if name else message)
+            raise ConfigurationError("invalid host configuration: " + "; ".join(problems)) from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

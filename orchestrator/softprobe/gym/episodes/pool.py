@@ -1,0 +1,82 @@
+"""A warm pool: containers started ahead of time so that a reset only has to seed one.
+
+One pool per host (its image and container settings). A taken container is used by exactly one
+episode and removed with it; the pool refills in the background. Pool containers carry the
+host's labels (and ``softprobe.gym.pool``), so ``close()``, the start-up sweep and
+``softprobe-gym gc`` find them like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+
+from softprobe.gym.providers.base import Sandbox, SandboxBackend, SandboxSpec
+
+log = logging.getLogger("softprobe.gym.episodes.pool")
+
+
+class WarmPool:
+    """Keeps ``size`` started, unseeded sandboxes of ``spec`` ready."""
+
+    def __init__(self, backend: SandboxBackend, spec: SandboxSpec, size: int) -> None:
+        self._backend = backend
+        self._spec = spec
+        self.size = size
+        self._ready: deque[Sandbox] = deque()
+        self._filling: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.started = 0  # containers this pool has started (for tests and the bench)
+        self.failures = 0
+
+    @property
+    def ready(self) -> int:
+        return len(self._ready)
+
+    def take(self) -> Sandbox | None:
+        """A ready sandbox, or None if none is ready (the caller starts one cold). Refills."""
+        sandbox = None
+        while self._ready:
+            candidate = self._ready.popleft()
+            if candidate.lost is None:
+                sandbox = candidate
+                break
+            asyncio.ensure_future(candidate.remove())  # died while idle
+        self.refill()
+        return sandbox
+
+    def refill(self) -> None:
+        """Start containers in the background until ``size`` are ready or starting."""
+        while not self._closed and len(self._ready) + len(self._filling) < self.size:
+            task = asyncio.ensure_future(self._start_one())
+            self._filling.add(task)
+            task.add_done_callback(self._filling.discard)
+
+    async def wait_ready(self) -> None:
+        """Wait until the pool is full (for warm-up before a benchmark or a batch)."""
+        self.refill()
+        while self._filling:
+            await asyncio.gather(*list(self._filling), return_exceptions=True)
+
+    async def _start_one(self) -> None:
+        try:
+            sandbox = await self._backend.start(self._spec)
+        except Exception as err:  # a failed refill must not break resets: they start cold
+            self.failures += 1
+            log.warning("warm pool could not start a container: %s", err)
+            return
+        self.started += 1
+        if self._closed:
+            await sandbox.remove()
+        else:
+            self._ready.append(sandbox)
+
+    async def close(self) -> None:
+        """Stop refilling and remove every ready container."""
+        self._closed = True
+        for task in list(self._filling):
+            task.cancel()
+        await asyncio.gather(*list(self._filling), return_exceptions=True)
+        while self._ready:
+            await self._ready.popleft().remove()

@@ -1,0 +1,1 @@
+"""Evaluation batches: suites, the runner, grading with Promptfoo, and the HTML report."""

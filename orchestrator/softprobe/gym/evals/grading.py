@@ -1,0 +1,121 @@
+"""Grade finished episodes under a run root with Promptfoo assertions (``softprobe-gym grade``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from softprobe.gym.errors import ConfigurationError
+from softprobe.gym.training.export import final_output_of, trajectory_digest, trajectory_steps
+from softprobe.gym.results import StepResult
+from softprobe.gym.text import terminal_safe
+
+
+def load_assertions(path: Path) -> tuple[list[dict[str, Any]], float | None]:
+    """Read ASSERTIONS.yaml: a list of assertions, or ``{assert: [...], threshold: N}``.
+
+    Raises:
+        ConfigurationError: the file is missing, not YAML, or not of that shape.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigurationError(f"cannot read {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigurationError(f"{path} is not valid YAML: {err}") from None
+    threshold = None
+    if isinstance(data, dict):
+        threshold = data.get("threshold")
+        data = data.get("assert")
+    if not isinstance(data, list) or not all(isinstance(a, dict) and "type" in a for a in data):
+        raise ConfigurationError(
+            f"{path} must hold a list of assertions (each with a 'type'), or a mapping with "
+            "'assert: [...]' and an optional 'threshold'"
+        )
+    if threshold is not None and not isinstance(threshold, (int, float)):
+        raise ConfigurationError(f"{path}: threshold must be a number")
+    return data, threshold
+
+
+def finished_episodes(run_root: Path) -> list[Path]:
+    """Episode folders under ``run_root`` that finalize wrote a result for, sorted by name."""
+    return sorted(p.parent for p in (run_root / "episodes").glob("*/result.json"))
+
+
+def case_for(episode_dir: Path, assertions: list[dict[str, Any]], threshold: float | None) -> dict[str, Any]:
+    """One grading case from an episode's records (``rollout.json`` if a session wrote one)."""
+    episode_id = episode_dir.name
+    rollout = episode_dir / "rollout.json"
+    try:
+        if rollout.exists():
+            data = json.loads(rollout.read_text())
+            steps = [StepResult.model_validate(s) for s in data["steps"]]
+            final_output, digest, trace = data["final_output"], data["trajectory_digest"], data["source_trace_id"]
+            broke = data.get("terminated_reason") == "error"
+        else:
+            lines = (episode_dir / "trajectory.jsonl").read_text().splitlines()
+            steps = [StepResult.model_validate_json(line) for line in lines if line.strip()]
+            result = json.loads((episode_dir / "result.json").read_text())
+            trace = result.get("source_trace_id")
+            final_output, digest = final_output_of(episode_id, steps), trajectory_digest(steps)
+            broke = result.get("broken") is not None
+    except (OSError, ValueError, KeyError, ValidationError) as err:
+        raise ConfigurationError(f"cannot read the records of {episode_dir}: {err}") from None
+    return {
+        "attempt_id": episode_id,
+        "final_output": final_output,
+        "trajectory_digest": digest,
+        "source_trace_id": trace,
+        "assertions": assertions,
+        "threshold": threshold,
+        "steps": [s.model_dump() for s in trajectory_steps(steps)],
+        "subject_failure": {"status": "subject_error", "reason": (
+            f"the rollout of {episode_id} stopped on an error (its container broke, or rollout.json "
+            "says terminated_reason 'error'); nothing was graded")} if broke else None,
+    }
+
+
+# Statuses that mean the grader could not do its job (as opposed to a rollout failing or erring).
+GRADER_STATUSES = frozenset({"unsupported", "runner_error", "timed_out", "resource_exhausted", "cancelled"})
+
+
+def status_counts(outcomes: list[Any]) -> dict[str, int]:
+    """How many outcomes ended in each result status (every status listed, zeros included)."""
+    from softprobe.promptfoo_adapter import RESULT_STATUSES
+
+    counts = {status: 0 for status in RESULT_STATUSES}
+    for outcome in outcomes:
+        counts[outcome.status] += 1
+    return counts
+
+
+def verdict(outcome: Any) -> str:
+    """``pass``, ``FAIL`` (graded), or ``ERROR`` (not graded: see its status)."""
+    if outcome.status != "succeeded":
+        return "ERROR"
+    return "pass" if outcome.passed else "FAIL"
+
+
+def format_table(results: list[Any]) -> str:
+    """The ``grade`` table: one line per outcome, then the counts (errored ones apart, no score).
+    Every cell is escaped for the terminal (agent text can hold carriage returns or escape
+    sequences that would otherwise redraw a FAIL row as a pass)."""
+    ids = [terminal_safe(r.attempt_id) for r in results]
+    width = max([len("episode")] + [len(i) for i in ids])
+    lines = [f"{'episode':{width}}  result  score   backend  reason", "-" * (width + 48)]
+    for r, attempt_id in zip(results, ids):
+        reason = terminal_safe(r.reason if r.status == "succeeded" else f"{r.status}: {r.error}")
+        score = f"{r.score:6.3f}" if r.score is not None else f"{'-':>6}"
+        lines.append(f"{attempt_id:{width}}  {verdict(r):6}  {score}  {terminal_safe(r.backend):7}  {reason[:90]}")
+    passed = sum(r.passed for r in results)
+    errored = sum(r.status != "succeeded" for r in results)
+    summary = f"{passed} passed, {len(results) - passed - errored} failed, {errored} errored"
+    counts = {k: v for k, v in status_counts(results).items() if v and k != "succeeded"}
+    if counts:
+        summary += " (" + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ")"
+    lines.append(summary)
+    return "\n".join(lines)

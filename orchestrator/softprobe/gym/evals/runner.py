@@ -1,0 +1,447 @@
+"""``softprobe-gym eval``: run a suite's tasks in isolated episodes, grade them, write the outputs.
+
+Each task runs as a training session in its own episode (its own container) with bounded
+parallelism. A finished rollout is recorded at once in ``DIR/tasks/<id>.json`` (what ``--resume``
+skips); when all are done, every rollout is graded in one batch and ``results.jsonl``,
+``summary.json`` and ``report.html`` are written. An interrupted run destroys its running
+episodes' containers and grades what finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import docker.errors
+from pydantic import BaseModel
+
+from softprobe.gym.episodes.store import EPISODE_ID_PATTERN, remove_tree
+from softprobe.gym.errors import GymError
+from softprobe.gym.training.export import trajectory_steps
+from softprobe.gym.episodes.host import create_host_environment
+from softprobe.gym.training.session import RolloutResult, create_training_session
+from softprobe.gym.training.splits import assert_no_leakage, partition_train_eval
+from softprobe.gym.evals.suite import Suite, SuiteError, Task
+from softprobe.gym.text import terminal_safe
+
+
+class TaskRecord(BaseModel):
+    """A finished (or failed) rollout of one task, before grading."""
+
+    id: str
+    ok: bool
+    error: str | None = None
+    duration_ms: float
+    rollout: dict[str, Any] | None = None  # RolloutResult as JSON
+
+
+class TaskResult(BaseModel):
+    """One line of ``results.jsonl``.
+
+    ``status`` is the grading's result status; anything but ``succeeded`` means the task was not
+    graded (``error`` says why) and has no ``score``. ``grading`` holds the paths, relative to the
+    output folder, of ``framework_result`` and (when a grader ran) ``native_bundle``.
+    """
+
+    id: str
+    status: str
+    passed: bool
+    score: float | None
+    reason: str
+    error: str | None
+    reward_total: float
+    rewards: list[dict[str, Any]]  # per step: {"step", "reward", "components": {name: value}}
+    steps: int
+    duration_ms: float
+    trajectory_digest: str | None
+    source_trace_id: str | None
+    artifacts: str | None
+    grading: dict[str, str] = {}
+    assertions: list[dict[str, Any]]
+
+
+class SuiteOutcome(BaseModel):
+    results: list[TaskResult]
+    summary: dict[str, Any]
+    interrupted: bool
+
+
+Progress = Callable[[str, int, int], None]  # (message, done, total)
+
+
+def select_tasks(suite: Suite) -> list[Task]:
+    """The tasks to run: all, or one side of the suite's split (checked for leakage)."""
+    if suite.split is None:
+        return list(suite.tasks)
+    ids = [t.id for t in suite.tasks]
+    split = partition_train_eval(ids, train_ratio=suite.split.train_ratio, seed=suite.split.seed)
+    fingerprints = {t.id: _fingerprint(t) for t in suite.tasks}
+    assert_no_leakage(split.train, split.eval, fingerprints=fingerprints)
+    chosen = set(split.train if suite.split.run == "train" else split.eval)
+    return [t for t in suite.tasks if t.id in chosen]
+
+
+def preflight_suite(suite: Suite) -> None:
+    """Check what every task needs before any of them runs, and before anything is written.
+
+    The seed image must be on the Docker engine (the project's own images are built if
+    missing), every ``seed`` folder must exist, and every ``policy`` must import.
+
+    Raises:
+        SuiteError: one ``FILE:LINE: field: problem`` line per problem found, named as the suite
+            file names it.
+        DockerUnavailableError / ImageBuildError: no engine answers, or building failed.
+    """
+    from softprobe.gym.providers.docker.images import ensure_image
+    from softprobe.gym.providers.docker.provider import connect_docker
+
+    problems = []
+    folders: list[tuple[tuple[str | int, ...], Path | None]] = [(("seed",), suite.seed)]
+    folders += [(("tasks", i, "seed"), task.seed) for i, task in enumerate(suite.tasks)]
+    for loc, folder in folders:
+        resolved = suite.resolve(folder)
+        if resolved is not None and not resolved.is_dir():
+            what = "does not exist" if not resolved.exists() else "is not a folder"
+            problems.append(f"{suite.where(*loc)}: {_dotted(loc)}: the seed folder {resolved} {what}")
+    for i, task in enumerate(suite.tasks):
+        if task.policy is not None:
+            try:
+                suite.policy(task)
+            except SuiteError as err:
+                problems.append(f"{suite.where('tasks', i, 'policy')}: tasks.{i}.policy: {err}")
+    ensure_image(suite.image, log=lambda line: print(line, file=sys.stderr))
+    client = connect_docker()
+    try:
+        client.images.get(suite.image)
+    except docker.errors.ImageNotFound:
+        problems.append(
+            f"{suite.where('image')}: image: {suite.image!r} is not on this Docker engine; build or "
+            "pull it, or name an image the engine has"
+        )
+    finally:
+        client.close()
+    if problems:
+        raise SuiteError("the suite cannot run; nothing was started or written:\n" + "\n".join(problems))
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _fingerprint(task: Task) -> str:
+    content = task.model_dump(mode="json", exclude={"id"}, by_alias=True)
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+async def run_suite(
+    suite: Suite,
+    out: Path,
+    *,
+    concurrency: int | None = None,
+    resume: bool = False,
+    backend: str | None = None,
+    progress: Progress = lambda message, done, total: None,
+    ray_address: str | None = None,
+    preflight: bool = True,
+) -> SuiteOutcome:
+    """Run ``suite`` into ``out``; see the module docstring.
+
+    Args:
+        preflight: check the suite first (:func:`preflight_suite`, in a worker thread); pass
+            False when the caller has just done so.
+
+    Raises:
+        SuiteError: :func:`preflight_suite` found a problem (nothing was run or written).
+        GymError: infrastructure failed (Docker, the grader); partial outputs are still written.
+    """
+    started = time.perf_counter()
+    if preflight:
+        await asyncio.to_thread(preflight_suite, suite)  # it may build images: off the loop
+    tasks = select_tasks(suite)
+    records_dir = out / "tasks"
+    records_dir.mkdir(parents=True, exist_ok=True)
+    finished = {p.stem for p in records_dir.glob("*.json")} if resume else set()
+    if not resume:
+        for stale in records_dir.glob("*.json"):
+            stale.unlink()
+        shutil.rmtree(out / "grading", ignore_errors=True)  # a previous run's grading artifacts
+    pending = [t for t in tasks if t.id not in finished]
+    total, done = len(tasks), len(tasks) - len(pending)
+    # A task that runs (again) starts from an empty episode folder: hosts refuse a folder that
+    # already holds records (EpisodeExistsError), and the old ones belong to no finished task.
+    await asyncio.to_thread(_clear_episode_folders, out / "runs" / "episodes", [t.id for t in pending])
+    if finished:
+        progress(f"resuming: {len(finished & {t.id for t in tasks})} tasks already finished", done, total)
+    by_id = {t.id: t for t in tasks}
+
+    async def checks(ctx: Any) -> dict[str, Any]:
+        task = by_id.get(ctx.episode_id)
+        if task is None or not task.checks:
+            return {}
+        values: dict[str, bool] = {}
+        for check in task.checks:
+            if check.file_exists is not None:
+                values[check.name] = await ctx.exists(check.file_exists)
+            elif check.file_contains is not None:
+                path, text = check.file_contains["path"], check.file_contains["text"]
+                values[check.name] = await ctx.exists(path) and text in await ctx.read_text(path)
+            elif check.observation_contains is not None:
+                observation = ctx.result.observation
+                shown = observation if isinstance(observation, str) else json.dumps(observation, ensure_ascii=False)
+                values[check.name] = check.observation_contains in shown
+            else:
+                values[check.name] = ctx.result.error is None
+        return {"suite_checks": values}
+
+    def reward_from(ctx: Any) -> dict[str, Any]:
+        values = ctx.step_result.diagnostics.get("suite_checks", {})
+        return {"checks": [{"name": name, "passed": bool(value)} for name, value in values.items()]}
+
+    concurrency = concurrency or suite.concurrency
+    limit = asyncio.Semaphore(concurrency)
+    interrupted = False
+    host_options = dict(
+        run_root=(out / "runs").resolve(),
+        seed_root=suite.resolve(suite.seed),
+        image=suite.image,
+        on_step=checks,
+        container=suite.limits.container,
+        tool_timeout_s=suite.limits.tool_timeout_s,
+        max_tool_timeout_s=max(600.0, suite.limits.tool_timeout_s),
+        max_containers=concurrency,
+    )
+    if ray_address is not None:
+        host: Any = await _connect_ray(ray_address, suite, host_options)
+    else:
+        host = create_host_environment(**host_options)
+
+    async def run_task(task: Task) -> None:
+        nonlocal done
+        async with limit:
+            if ray_address is not None:
+                record = await _run_one_on_ray(host, suite, task, reward_from)
+            else:
+                record = await _run_one(host, suite, task, out, reward_from)
+        (records_dir / f"{task.id}.json").write_text(record.model_dump_json())
+        done += 1
+        outcome = "finished" if record.ok else f"failed: {record.error}"
+        progress(f"{task.id}: {outcome} ({record.duration_ms / 1000:.1f} s)", done, total)
+
+    try:
+        await asyncio.gather(*(run_task(t) for t in pending))
+    except asyncio.CancelledError:
+        interrupted = True
+    finally:
+        await asyncio.shield(host.close())
+    outcome = await grade_records(suite, out, tasks, backend=backend or suite.backend, wall_s=time.perf_counter() - started,
+                                  interrupted=interrupted)
+    return outcome
+
+
+async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any]) -> Any:
+    import ray
+
+    from softprobe.gym.scale.ray import DistributedHost
+
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    # Policies live next to the suite, not on the nodes: send their modules by value.
+    for task in suite.tasks:
+        if task.policy:
+            ray.cloudpickle.register_pickle_by_value(sys.modules[suite.policy(task).__module__])
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in host_options.items()}
+    return await DistributedHost.connect(**options)
+
+
+def _seed_files(suite: Suite, task: Task) -> dict[str, bytes] | None:
+    """A task's own seed files as bytes, to send to the node that runs it."""
+    if task.files is not None:
+        return {rel: content.encode() for rel, content in task.files.items()}
+    folder = suite.resolve(task.seed)
+    if folder is None:
+        return None
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+async def _run_one_on_ray(dist: Any, suite: Suite, task: Task, reward_from: Any) -> TaskRecord:
+    started = time.perf_counter()
+    spec = {
+        "episode_id": task.id,
+        "actions": suite.policy(task) if task.policy else list(task.actions or []),
+        "reward_from": reward_from if task.checks else None,
+        "max_steps": suite.limits.max_steps,
+        "seed_files": _seed_files(suite, task),
+    }
+    (outcome,) = await dist.run_rollouts([spec], concurrency=1)
+    if outcome.error is not None:
+        error = f"{type(outcome.error).__name__}: {outcome.error}"
+        return TaskRecord(id=task.id, ok=False, error=error, duration_ms=_ms(started))
+    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=outcome.unwrap().model_dump(mode="json"))
+
+
+async def _run_one(host: Any, suite: Suite, task: Task, out: Path, reward_from: Any) -> TaskRecord:
+    started = time.perf_counter()
+    seed = suite.resolve(task.seed)
+    if task.files is not None:
+        seed = out / "seeds" / task.id
+        for rel, content in task.files.items():
+            target = seed / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        seed.mkdir(parents=True, exist_ok=True)
+    try:
+        session = create_training_session(
+            host, episode_id=task.id, reward_from=reward_from if task.checks else None,
+            max_steps=suite.limits.max_steps, seed_root=seed,
+        )
+        source = suite.policy(task) if task.policy else list(task.actions or [])
+        async for _ in session.rollout(source):
+            pass
+        result = await session.finalize()
+        await host.destroy(episode_id=task.id)
+        return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=result.model_dump(mode="json"))
+    except Exception as err:  # a task's failure is its result; other tasks go on
+        try:
+            await host.destroy(episode_id=task.id)
+        except GymError:
+            pass
+        return TaskRecord(id=task.id, ok=False, error=f"{type(err).__name__}: {err}", duration_ms=_ms(started))
+
+
+async def grade_records(
+    suite: Suite, out: Path, tasks: list[Task], *, backend: str, wall_s: float, interrupted: bool
+) -> SuiteOutcome:
+    """Grade every recorded rollout in one batch (one that broke as ``subject_error``, with no
+    score); write ``grading/<id>/`` (framework-result.json, promptfoo.native.json),
+    results.jsonl, summary.json and report.html."""
+    from softprobe.promptfoo_adapter import grade_cases
+
+    from softprobe.gym.evals.report import write_report
+
+    records = {}
+    for task in tasks:
+        path = out / "tasks" / f"{task.id}.json"
+        if path.exists():
+            records[task.id] = TaskRecord.model_validate_json(path.read_text())
+    cases = []
+    for task in tasks:
+        record = records.get(task.id)
+        if record is None:
+            continue
+        if record.ok:
+            result = RolloutResult.model_validate(record.rollout or {})
+            cases.append({
+                "attempt_id": task.id, "final_output": result.final_output,
+                "trajectory_digest": result.trajectory_digest, "source_trace_id": result.source_trace_id,
+                "assertions": task.assertions, "threshold": task.threshold,
+                "steps": [s.model_dump() for s in trajectory_steps(result.steps)],
+            })
+        else:  # the rollout broke: its outcome says so, with no score
+            error = record.error or "the rollout failed"
+            cases.append({
+                "attempt_id": task.id, "final_output": "", "assertions": task.assertions, "threshold": task.threshold,
+                "subject_failure": {"status": "cancelled" if error.startswith("CancelledError") else "subject_error",
+                                    "reason": error},
+            })
+    graded = {g.attempt_id: g for g in await grade_cases(cases, backend=backend)} if cases else {}
+    results = []
+    for task in tasks:
+        record = records.get(task.id)
+        if record is None:
+            continue
+        outcome = graded.get(task.id)
+        paths: dict[str, str] = {}
+        if outcome is not None:
+            written = outcome.write_artifacts(out / "grading" / task.id)
+            paths = {name: str(path.relative_to(out)) for name, path in written.items()}
+        results.append(_task_result(task, record, outcome, paths))
+    summary = _summary(suite, results, len(tasks), wall_s, interrupted, backend)
+    with open(out / "results.jsonl", "w") as f:
+        for result in results:
+            f.write(result.model_dump_json() + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_report(out / "report.html", suite, summary, results, records)
+    return SuiteOutcome(results=results, summary=summary, interrupted=interrupted)
+
+
+def _task_result(task: Task, record: TaskRecord, graded: Any, grading: dict[str, str]) -> TaskResult:
+    rollout = record.rollout or {}
+    steps = rollout.get("steps", [])
+    rewards = [
+        {"step": s["index"], "reward": s.get("reward"), "components": {c["name"]: c["value"] for c in s.get("reward_components", [])}}
+        for s in steps
+    ]
+    if graded is None:
+        status, passed, score, error = "subject_error", False, None, record.error or "not graded"
+        reason, assertions = error, []
+    else:
+        status, passed, score, reason, error = graded.status, graded.passed, graded.score, graded.reason, graded.error
+        assertions = [c.model_dump() for c in graded.component_results]
+    return TaskResult(
+        id=task.id, status=status, passed=passed, score=score, reason=reason, error=error,
+        reward_total=float(rollout.get("total_reward") or 0.0), rewards=rewards, steps=len(steps),
+        duration_ms=record.duration_ms, trajectory_digest=rollout.get("trajectory_digest"),
+        source_trace_id=rollout.get("source_trace_id"), artifacts=rollout.get("artifacts_dir"),
+        grading=grading, assertions=assertions,
+    )
+
+
+def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: float, interrupted: bool, backend: str) -> dict[str, Any]:
+    """The counts are disjoint: a task that ran is ``errored`` when it was not graded (its rollout
+    or its grading failed: ``status`` is not ``succeeded`` and ``error`` says why), else
+    ``passed`` or ``failed``; a planned task that did not run (an interrupted run) is
+    ``skipped``. So ``planned = passed + failed + errored + skipped`` and
+    ``ran = passed + failed + errored``. Scores are over graded tasks only: an errored task has
+    no score and never counts as 0."""
+    from softprobe.promptfoo_adapter import RESULT_STATUSES
+
+    scores = [r.score for r in results if r.status == "succeeded" and r.score is not None]
+    durations = [r.duration_ms for r in results]
+    errored = sum(r.status != "succeeded" or r.error is not None for r in results)
+    passed = sum(r.passed and r.status == "succeeded" and r.error is None for r in results)
+    counts = {status: 0 for status in RESULT_STATUSES}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return {
+        "suite": suite.name,
+        "image": suite.image,
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "planned": planned,
+        "ran": len(results),
+        "passed": passed,
+        "failed": len(results) - passed - errored,
+        "errored": errored,
+        "skipped": planned - len(results),
+        "status_counts": counts,
+        "pass_rate": passed / len(results) if results else 0.0,
+        "interrupted": interrupted,
+        "backend": backend,
+        "score": {"graded": len(scores), "min": min(scores), "max": max(scores), "mean": statistics.fmean(scores),
+                  "median": statistics.median(scores)} if scores else {},
+        "duration_ms": {"mean": statistics.fmean(durations), "median": statistics.median(durations), "max": max(durations)} if durations else {},
+        "wall_s": round(wall_s, 3),
+    }
+
+
+def _clear_episode_folders(episodes_dir: Path, task_ids: list[str]) -> None:
+    for task_id in task_ids:
+        folder = episodes_dir / task_id
+        # Only names that can be episode ids: never a path that climbs out.
+        if EPISODE_ID_PATTERN.match(task_id) and folder.is_dir():
+            remove_tree(folder)
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 3)
+
+
+def plain_progress(message: str, done: int, total: int) -> None:
+    print(f"[{done}/{total}] {terminal_safe(message)}", file=sys.stderr, flush=True)

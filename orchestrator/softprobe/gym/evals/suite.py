@@ -1,0 +1,246 @@
+"""Eval suites: a YAML file of tasks, each run in its own episode and graded afterwards.
+
+```yaml
+name: support desk
+image: softprobe/support-desk:latest
+seed: ./seed                      # optional folder, relative to this file
+concurrency: 2
+limits: {max_steps: 20, tool_timeout_s: 30, container: {memory: 512m}}
+split: {train_ratio: 0.75, seed: 7, run: eval}     # optional
+tasks:
+  - id: refund-a42
+    files: {"README.md": "refunds go in refund-note.md"}   # optional seed files of its own
+    actions:                      # or: policy: my_policies:refund (module:function)
+      - {type: tool, name: crm.get_account, args: {id: A-42}}
+      - {type: terminate, output: "Refund noted for A-42"}
+    checks:                       # per-step reward facts
+      - {name: note_written, file_exists: refund-note.md}
+      - {name: saw_account, observation_contains: Acme}
+    assert: [{type: contains, value: A-42}]   # promptfoo assertions on the finished rollout
+    threshold: 0.5
+```
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from softprobe.gym.actions import Action
+from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
+from softprobe.gym.errors import ConfigurationError
+from softprobe.gym.settings import ContainerSettings
+
+
+_REPEATED = "task ids must be unique"
+
+
+class SuiteError(ConfigurationError):
+    """The suite file is not valid; the message points at the lines."""
+
+
+class Check(BaseModel):
+    """A per-step reward fact: exactly one of the conditions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    file_exists: str | None = None
+    file_contains: dict[str, str] | None = None  # {path, text}
+    observation_contains: str | None = None
+    no_error: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Check:
+        given = [k for k in ("file_exists", "file_contains", "observation_contains", "no_error") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "a check needs exactly one of file_exists, file_contains, observation_contains, no_error"
+                f" (got {', '.join(given) or 'none'})"
+            )
+        if self.file_contains is not None and set(self.file_contains) != {"path", "text"}:
+            raise ValueError("file_contains needs {path: ..., text: ...}")
+        return self
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_steps: int = Field(default=50, ge=1)
+    tool_timeout_s: float = Field(default=30.0, gt=0)
+    container: ContainerSettings = Field(default_factory=ContainerSettings)
+
+
+class Split(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    train_ratio: float = Field(gt=0, lt=1)
+    seed: int | str = 7
+    run: Literal["train", "eval"] = "eval"
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    id: str
+    seed: Path | None = None
+    files: dict[str, str] | None = None
+    actions: list[Action] | None = None
+    policy: str | None = None
+    checks: list[Check] = Field(default_factory=list)
+    assertions: list[dict[str, Any]] = Field(default_factory=list, alias="assert")
+    threshold: float | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_an_episode_id(cls, value: str) -> str:
+        if not EPISODE_ID_PATTERN.match(value):
+            raise ValueError("task ids use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return value
+
+    @model_validator(mode="after")
+    def _actions_or_policy(self) -> Task:
+        if (self.actions is None) == (self.policy is None):
+            raise ValueError("a task needs either actions (a list) or policy (module:function), not both")
+        if self.policy is not None and ":" not in self.policy:
+            raise ValueError("policy must be 'module:function'")
+        if self.seed is not None and self.files is not None:
+            raise ValueError("a task takes seed (a folder) or files (inline), not both")
+        names = [c.name for c in self.checks]
+        if len(set(names)) != len(names):
+            raise ValueError("check names must be unique within a task")
+        for assertion in self.assertions:
+            if not isinstance(assertion, dict) or "type" not in assertion:
+                raise ValueError("each assert entry needs a type")
+        return self
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "suite"
+    image: str = "softprobe/support-desk:latest"
+    seed: Path | None = None
+    concurrency: int = Field(default=2, ge=1, le=256)
+    backend: Literal["native", "cli", "auto"] = "auto"
+    limits: Limits = Field(default_factory=Limits)
+    split: Split | None = None
+    tasks: list[Task] = Field(min_length=1)
+    base_dir: Path = Field(default=Path("."), exclude=True)
+    _source: Path | None = PrivateAttr(default=None)  # the file it was loaded from
+    _lines: dict[tuple[Any, ...], int] = PrivateAttr(default_factory=dict)  # field -> line in it
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Suite:
+        ids = [t.id for t in self.tasks]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"{_REPEATED}; repeated: {', '.join(repeated)}")
+        return self
+
+    def where(self, *loc: str | int) -> str:
+        """``FILE:LINE`` of a field of the suite file, e.g. ``where("tasks", 2, "seed")``; the
+        nearest enclosing field's line when the file does not spell that one out."""
+        return _where(self._source or Path("<suite>"), self._lines, tuple(loc))
+
+    def resolve(self, path: Path | None) -> Path | None:
+        return None if path is None else (self.base_dir / path).resolve()
+
+    def policy(self, task: Task) -> Callable[..., Any]:
+        """Import ``module:function`` (the suite's folder is searched first)."""
+        assert task.policy is not None
+        module_name, _, function = task.policy.partition(":")
+        folder = str(self.base_dir.resolve())
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        try:
+            return getattr(importlib.import_module(module_name), function)  # type: ignore[no-any-return]
+        except (ImportError, AttributeError) as err:
+            raise SuiteError(f"task {task.id}: cannot load policy {task.policy!r}: {err}") from None
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and validate a suite file.
+
+    Raises:
+        SuiteError: the file is missing, not YAML, or not a valid suite; each problem is reported
+            as ``FILE:LINE: where: what``.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SuiteError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise SuiteError(f"{where}: not valid YAML: {getattr(err, 'problem', err)}") from None
+    if not isinstance(data, dict):
+        raise SuiteError(f"{path}:1: a suite is a mapping with at least 'tasks'")
+    lines: dict[tuple[Any, ...], int] = {}
+    _record_lines(root, (), lines)
+    problems = _repeated_ids(path, data, lines)
+    try:
+        suite = Suite.model_validate({**data, "base_dir": path.parent.resolve()})
+    except ValidationError as err:
+        for error in err.errors():
+            loc = tuple(error["loc"])
+            if not loc and _REPEATED in error["msg"] and problems:
+                continue  # already reported at the repeated id's own line
+            problems.append(f"{_where(path, lines, loc)}: {'.'.join(str(p) for p in loc) or 'suite'}: {error['msg']}")
+    if problems:
+        raise SuiteError("invalid suite:\n" + "\n".join(problems)) from None
+    suite._source = path
+    suite._lines = lines
+    return suite
+
+
+def _where(path: Path, lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> str:
+    """``FILE:LINE`` of ``loc`` (or of the nearest enclosing field the file has)."""
+    line = next((lines[loc[:n]] for n in range(len(loc), -1, -1) if loc[:n] in lines), 1)
+    return f"{path}:{line}"
+
+
+def _repeated_ids(path: Path, data: dict[str, Any], lines: dict[tuple[Any, ...], int]) -> list[str]:
+    """One problem per task whose id an earlier task already has, at the repeated id's line."""
+    tasks = data.get("tasks")
+    if not isinstance(tasks, list):
+        return []
+    first: dict[str, int] = {}  # id -> index of the first task with it
+    problems = []
+    for index, task in enumerate(tasks):
+        task_id = task.get("id") if isinstance(task, dict) else None
+        if not isinstance(task_id, str):
+            continue
+        if task_id in first:
+            earlier = first[task_id]
+            problems.append(
+                f"{_where(path, lines, ('tasks', index, 'id'))}: tasks.{index}.id: {_REPEATED}: "
+                f"{task_id!r} is already the id of tasks.{earlier} (line "
+                f"{lines.get(('tasks', earlier, 'id'), 1)}); rename one of them"
+            )
+        else:
+            first[task_id] = index
+    return problems
+
+
+def _record_lines(node: Any, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> None:
+    if node is None:
+        return
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            child = path + (key.value,)
+            _record_lines(value, child, lines)
+            lines[child] = key.start_mark.line + 1  # the key's line, not its value's
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _record_lines(item, path + (index,), lines)

@@ -1,0 +1,4 @@
+"""Where sandboxes run: the provider-neutral seam (``base.py``) and the providers behind it.
+
+``docker/`` is the only package that imports ``docker``.
+"""

@@ -1,0 +1,1 @@
+"""The Docker provider: episode containers on a Docker engine (the only importer of ``docker``)."""

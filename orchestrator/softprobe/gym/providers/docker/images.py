@@ -1,0 +1,288 @@
+"""Build the project's images: ``softprobe/base`` and the example world ``softprobe/support-desk``.
+
+Two ways to get the base's own base:
+
+- online: a public Python image (``python:3.12-slim``), pulled if missing;
+- offline: ``softprobe/rootfs:bookworm``, a Debian rootfs made with ``debootstrap`` (from Debian
+  packages, no container registry) and ``docker import``-ed.
+
+``auto`` uses the public image if present, else an offline rootfs built before, else tries to pull
+the public image and falls back to the offline path.
+Builds are idempotent: each image carries a hash of its build context, build arguments and
+parent image, and is skipped when that hash is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+import docker
+import docker.errors
+
+from softprobe.gym import labels as L
+from softprobe.gym.errors import ImageBuildError
+from softprobe.gym.providers.docker.provider import connect_docker
+from softprobe.gym.shim import SHIM_PROGRAM, SHIM_SHA256
+
+PUBLIC_PYTHON_IMAGE = "python:3.12-slim"
+ROOTFS_IMAGE = "softprobe/rootfs:bookworm"
+BASE_IMAGE = "softprobe/base:latest"
+SUPPORT_DESK_IMAGE = "softprobe/support-desk:latest"
+SHIM_REPO_PATH = "orchestrator/softprobe/gym/shim/agent_shim.py"
+
+Mode = Literal["auto", "online", "offline"]
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    name: str
+    tag: str
+    folder: str  # under images/, also its path in the build context
+
+
+SPECS = (
+    ImageSpec("base", BASE_IMAGE, "base"),
+    ImageSpec("support-desk", SUPPORT_DESK_IMAGE, "support-desk"),
+)
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    tag: str
+    image_id: str
+    built: bool  # False: already up to date
+
+
+def images_dir() -> Path:
+    """The ``images/`` folder: ``$SOFTPROBE_GYM_IMAGES_DIR``, the source checkout, or the copy
+    shipped inside the wheel."""
+    override = os.environ.get("SOFTPROBE_GYM_IMAGES_DIR")
+    candidates = [Path(override)] if override else []
+    gym = Path(__file__).resolve().parents[2]  # softprobe/gym
+    candidates += [gym.parents[2] / "images", gym / "_images"]
+    for candidate in candidates:
+        if (candidate / "base" / "Dockerfile").is_file():
+            return candidate
+    raise ImageBuildError(
+        "cannot find the images/ folder; set SOFTPROBE_GYM_IMAGES_DIR to the repository's images/"
+    )
+
+
+def build_images(
+    *,
+    mode: Mode = "auto",
+    force: bool = False,
+    log: Log = print,
+    client: docker.DockerClient | None = None,
+) -> list[BuildOutcome]:
+    """Build ``softprobe/base`` and ``softprobe/support-desk``, skipping what is up to date.
+
+    Raises:
+        ImageBuildError: a build failed, or neither the public base image nor the offline path
+            is available (the message says what to install).
+    """
+    client = client or connect_docker()
+    parent = _base_parent(client, mode, log)
+    outcomes = []
+    for spec in SPECS:
+        base_arg = parent if spec.name == "base" else BASE_IMAGE
+        outcomes.append(_build_one(client, spec, base_arg, force=force, log=log))
+    return outcomes
+
+
+def ensure_image(image: str, *, mode: Mode = "auto", log: Log = print) -> None:
+    """Build the project's images if ``image`` is one of them and missing."""
+    client = connect_docker()
+    try:
+        client.images.get(image)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    if image not in {spec.tag for spec in SPECS}:
+        return  # not ours: the host reports it as missing
+    log(f"{image} is missing; building the project's images (first use only)...")
+    build_images(mode=mode, log=log, client=client)
+
+
+# -- the base's parent -------------------------------------------------------------------------
+
+
+def _base_parent(client: docker.DockerClient, mode: Mode, log: Log) -> str:
+    if mode == "offline":
+        return _ensure_rootfs(client, log)
+    if _has_image(client, PUBLIC_PYTHON_IMAGE):
+        return PUBLIC_PYTHON_IMAGE
+    if mode == "auto" and _has_image(client, ROOTFS_IMAGE):
+        return ROOTFS_IMAGE  # built offline before: no need to try a registry again
+    try:
+        log(f"pulling {PUBLIC_PYTHON_IMAGE} ...")
+        client.images.pull(PUBLIC_PYTHON_IMAGE)
+        return PUBLIC_PYTHON_IMAGE
+    except docker.errors.DockerException as err:
+        if mode == "online":
+            raise ImageBuildError(
+                f"cannot pull {PUBLIC_PYTHON_IMAGE}: {err}. Without a registry, build with --offline."
+            ) from None
+        log(f"cannot pull {PUBLIC_PYTHON_IMAGE} ({_first_line(err)}); using the offline rootfs path")
+        return _ensure_rootfs(client, log)
+
+
+def _ensure_rootfs(client: docker.DockerClient, log: Log) -> str:
+    if _has_image(client, ROOTFS_IMAGE):
+        return ROOTFS_IMAGE
+    if shutil.which("debootstrap") is None:
+        raise ImageBuildError(
+            "the offline build needs debootstrap (apt-get install debootstrap) and root; or "
+            f"build online from {PUBLIC_PYTHON_IMAGE} where a registry is reachable"
+        )
+    if os.geteuid() != 0:
+        raise ImageBuildError("debootstrap needs root: run the offline build as root (e.g. sudo)")
+    work = Path(tempfile.mkdtemp(prefix="softprobe-rootfs-"))
+    try:
+        root = work / "root"
+        command = ["debootstrap", "--variant=minbase", "--include=python3", "bookworm", str(root)]
+        mirror = _apt_mirror()
+        if mirror:
+            command.append(mirror)
+        log(f"debootstrap bookworm (minbase + python3) from {mirror or 'the default mirror'} ...")
+        _run(command, "debootstrap")
+        archive = work / "rootfs.tar"
+        _run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(archive), "."], "tar")
+        log(f"importing {ROOTFS_IMAGE} ...")
+        repository, tag = ROOTFS_IMAGE.rsplit(":", 1)
+        client.api.import_image_from_file(
+            str(archive),
+            repository=repository,
+            tag=tag,
+            changes=[
+                f"LABEL {L.IMAGE_NAME}=rootfs",
+                "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                'CMD ["/bin/sh"]',
+            ],
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return ROOTFS_IMAGE
+
+
+def _apt_mirror() -> str | None:
+    """The first plain Debian archive URI in this machine's apt sources, if any."""
+    texts = []
+    for path in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
+        if path.suffix in {".list", ".sources", ""} and path.is_file():
+            texts.append(path.read_text(errors="replace"))
+    for text in texts:
+        for uri in re.findall(r"^\s*(?:URIs:|deb)\s+(?:\[[^\]]*\]\s+)?(\S+)", text, re.M):
+            if uri.rstrip("/").endswith("/debian"):
+                return uri
+    return None
+
+
+def _run(command: list[str], what: str) -> None:
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        tail = "\n".join(done.stdout.splitlines()[-15:])
+        raise ImageBuildError(f"{what} failed (exit {done.returncode}):\n{tail}")
+
+
+# -- building ----------------------------------------------------------------------------------
+
+
+def _build_one(
+    client: docker.DockerClient, spec: ImageSpec, parent: str, *, force: bool, log: Log
+) -> BuildOutcome:
+    context = build_context(spec)
+    parent_id = client.images.get(parent).id
+    build_args = {"BASE_IMAGE": parent}
+    build_hash = hashlib.sha256(
+        context + json.dumps([build_args, parent_id], sort_keys=True).encode()
+    ).hexdigest()
+    try:
+        previous = client.images.get(spec.tag)
+    except docker.errors.ImageNotFound:
+        previous = None
+    if previous is not None and not force and (previous.labels or {}).get(L.BUILD_HASH) == build_hash:
+        log(f"{spec.tag} is up to date")
+        return BuildOutcome(spec.tag, previous.id, built=False)
+    log(f"building {spec.tag} (FROM {parent}) ...")
+    image_labels = {L.IMAGE_NAME: spec.name, L.BUILD_HASH: build_hash}
+    if spec.name == "base":
+        image_labels[L.SHIM_SHA256] = SHIM_SHA256
+    stream = client.api.build(
+        fileobj=io.BytesIO(context),
+        custom_context=True,
+        dockerfile=f"images/{spec.folder}/Dockerfile",
+        tag=spec.tag,
+        buildargs=build_args,
+        labels=image_labels,
+        rm=True,
+        forcerm=True,
+        pull=False,
+        decode=True,
+    )
+    image_id = None
+    for chunk in stream:
+        if "error" in chunk:
+            raise ImageBuildError(f"building {spec.tag} failed: {chunk['error'].strip()}")
+        if "aux" in chunk and "ID" in chunk["aux"]:
+            image_id = chunk["aux"]["ID"]
+    if image_id is None:
+        image_id = client.images.get(spec.tag).id
+    if previous is not None and previous.id != image_id:
+        _remove_superseded(client, previous.id)
+    log(f"built {spec.tag} ({image_id[:19]})")
+    return BuildOutcome(spec.tag, image_id, built=True)
+
+
+def build_context(spec: ImageSpec) -> bytes:
+    """A deterministic tar laid out like the repository root: ``images/<folder>/...`` and the
+    shim at its source path (the Dockerfiles are written for the repository-root context)."""
+    root = images_dir()
+    files: dict[str, bytes | Path] = {SHIM_REPO_PATH: SHIM_PROGRAM}
+    for path in sorted((root / spec.folder).rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            files[f"images/{path.relative_to(root).as_posix()}"] = path
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name in sorted(files):
+            source = files[name]
+            data = source.read_bytes() if isinstance(source, Path) else source
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            member.mode = 0o755 if isinstance(source, Path) and os.access(source, os.X_OK) else 0o644
+            archive.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+
+def _remove_superseded(client: docker.DockerClient, image_id: str) -> None:
+    """Remove the image a rebuild replaced, unless something still uses it (a container, a
+    child image, another tag): then Docker refuses and it stays."""
+    try:
+        client.images.remove(image_id, noprune=False)
+    except docker.errors.APIError:
+        pass
+
+
+def _has_image(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__

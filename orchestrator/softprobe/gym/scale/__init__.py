@@ -1,0 +1,1 @@
+"""Running episodes across machines (Ray)."""

@@ -1,0 +1,345 @@
+"""Episodes across a Ray cluster: one host actor per Docker node (needs the ``ray`` extra).
+
+Every node that runs Docker starts Ray with ``ray start --resources='{"docker": 1}'``. A
+:class:`HostActor` (``num_cpus=0``, ``resources={"docker": 1}``) then lands on each such node and
+owns that node's Docker engine through an ordinary :class:`HostEnvironment`. The driver-side
+:class:`DistributedHost` has the host's async API; it places each new episode on the least-loaded
+node and routes every later call to the actor that owns the episode.
+
+When a node lacks the seed image (by image id), the driver ships it once: ``docker save`` ->
+Ray object store -> ``docker load``. A node that dies fails only its own episodes, each with
+:class:`NodeLostError` naming the node; a new actor on that node sweeps the containers the dead
+one left (by label) on its first call. :meth:`DistributedHost.run_rollouts` returns a
+:class:`RolloutOutcome` per rollout: a result, or a typed error naming the rollout and its node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from softprobe.gym.errors import GymError
+from softprobe.gym.episodes.host import create_host_environment
+from softprobe.gym.training.session import RolloutResult, create_training_session
+
+
+class NodeLostError(GymError):
+    """The node (or its host actor) that owned an episode died; the episode is gone with it."""
+
+    def __init__(self, node_id: str, episode_id: str | None, detail: str) -> None:
+        where = f" (episode {episode_id!r})" if episode_id else ""
+        super().__init__(f"node {node_id[:12]} was lost{where}: {detail}")
+        self.node_id = node_id
+        self.episode_id = episode_id
+        self.detail = detail
+
+
+class RolloutFailedError(GymError):
+    """A rollout of :meth:`DistributedHost.run_rollouts` raised on its node (its node was not
+    lost: that is :class:`NodeLostError`). The original exception is the ``__cause__``.
+
+    Attributes:
+        episode_id: the rollout's episode.
+        node_id: the node it ran on (``None`` if no node was left to run it).
+    """
+
+    def __init__(self, episode_id: str, node_id: str | None, cause: BaseException) -> None:
+        where = f"on node {node_id[:12]}" if node_id else "before any node took it"
+        super().__init__(f"rollout {episode_id!r} failed {where}: {type(cause).__name__}: {cause}")
+        self.episode_id = episode_id
+        self.node_id = node_id
+        self.__cause__ = cause
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """One rollout of :meth:`DistributedHost.run_rollouts`: its result, or why it has none.
+
+    Exactly one of ``result`` and ``error`` is set. ``error`` is a :class:`NodeLostError` when
+    the rollout's node died, else a :class:`RolloutFailedError` carrying what was raised.
+    """
+
+    episode_id: str
+    node_id: str | None  # where it ran (or was placed)
+    result: RolloutResult | None = None
+    error: NodeLostError | RolloutFailedError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the rollout finished (``result`` is set)."""
+        return self.error is None
+
+    def unwrap(self) -> RolloutResult:
+        """The result, or raise the rollout's ``error``."""
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+@ray.remote(num_cpus=0, resources={"docker": 1})
+class HostActor:
+    """Owns a :class:`HostEnvironment` on its node; called only through :class:`DistributedHost`."""
+
+    def __init__(self, host_options: dict[str, Any]) -> None:
+        self._options = host_options
+        self._host: Any = None
+
+    async def _ensure(self) -> Any:
+        if self._host is None:
+            self._host = create_host_environment(**self._options)
+            await self._host._backend.sweep()  # what a dead predecessor on this node left
+        return self._host
+
+    async def info(self) -> dict[str, Any]:
+        import os
+        import socket
+
+        host = await self._ensure()
+        return {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname(),
+                "pid": os.getpid(), "host_id": host.host_id}
+
+    async def call(self, method: str, kwargs: dict[str, Any]) -> Any:
+        host = await self._ensure()
+        return await getattr(host, method)(**kwargs)
+
+    async def image_id(self, image: str) -> str | None:
+        host = await self._ensure()
+        client = host._backend.client
+        try:
+            return str(await host._backend._run(lambda: client.images.get(image).id))
+        except Exception:  # docker.errors.ImageNotFound and friends: the image is not here
+            return None
+
+    async def load_image(self, blob: bytes) -> list[str]:
+        host = await self._ensure()
+        client = host._backend.client
+        images = await host._backend._run(client.images.load, blob)
+        return [image.id for image in images]
+
+    async def rollout(self, spec: dict[str, Any]) -> RolloutResult:
+        host = await self._ensure()
+        seed_root = None
+        if spec.get("seed_files") is not None:  # the driver's seed files, written on this node
+            seed_root = host.run_root / "seeds" / spec["episode_id"]
+            for rel, data in spec["seed_files"].items():
+                (seed_root / rel).parent.mkdir(parents=True, exist_ok=True)
+                (seed_root / rel).write_bytes(data)
+            seed_root.mkdir(parents=True, exist_ok=True)
+        session = create_training_session(
+            host, episode_id=spec["episode_id"], reward_from=spec.get("reward_from"),
+            max_steps=spec.get("max_steps"), seed_root=seed_root,
+        )
+        try:
+            async for _ in session.rollout(spec["actions"]):
+                pass
+            return await session.finalize()
+        finally:  # a failed rollout's container goes at once too, not when the actor closes
+            await host.destroy(episode_id=spec["episode_id"])
+
+    async def close(self) -> None:
+        if self._host is not None:
+            await self._host.close()
+
+
+@dataclass
+class _Node:
+    node_id: str
+    actor: Any
+    episodes: set[str] = field(default_factory=set)
+    images: set[str] = field(default_factory=set)  # image references known to be present
+    lost: str | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one image check at a time
+
+
+class DistributedHost:
+    """The host API over a Ray cluster. Create it with :meth:`connect`.
+
+    ``create_episode``, ``reset``, ``step``, ``checkpoint``, ``fork``, ``finalize`` and ``destroy``
+    take the same arguments as on :class:`HostEnvironment`; ``run_rollouts`` runs many training
+    rollouts across the nodes.
+    """
+
+    def __init__(self, nodes: list[_Node], host_options: dict[str, Any]) -> None:
+        self._nodes = nodes
+        self._options = host_options
+        self._owner: dict[str, _Node] = {}
+        self._blobs: dict[str, bytes] = {}
+        self.placements: dict[str, str] = {}  # episode id -> node id, for every episode placed
+
+    @classmethod
+    async def connect(cls, **host_options: Any) -> DistributedHost:
+        """One host actor on every alive node that carries the ``docker`` resource.
+
+        ``host_options`` are passed to ``create_host_environment`` on each node (``run_root`` is
+        a path on the nodes).
+        """
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        docker_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("docker", 0) >= 1]
+        if not docker_nodes:
+            raise GymError("no Ray node carries the 'docker' resource: start nodes with "
+                           "ray start --resources='{\"docker\": 1}'")
+        nodes = [
+            _Node(node_id, HostActor.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(host_options))
+            for node_id in docker_nodes
+        ]
+        await asyncio.gather(*(node.actor.info.remote() for node in nodes))
+        return cls(nodes, host_options)
+
+    @property
+    def nodes(self) -> list[str]:
+        return [n.node_id for n in self._nodes if n.lost is None]
+
+    def node_of(self, episode_id: str) -> str:
+        return self._owner[episode_id].node_id
+
+    def _least_loaded(self) -> _Node:
+        alive = [n for n in self._nodes if n.lost is None]
+        if not alive:
+            raise GymError("every node of the cluster was lost")
+        return min(alive, key=lambda n: len(n.episodes))
+
+    async def _on(self, node: _Node, episode_id: str | None, call: Any) -> Any:
+        try:
+            return await call
+        except RayActorError as err:
+            node.lost = str(err).splitlines()[0][:200]
+            for lost in list(node.episodes):
+                self._owner.pop(lost, None)
+            node.episodes.clear()
+            raise NodeLostError(node.node_id, episode_id, node.lost) from None
+
+    async def _ship_image(self, node: _Node) -> None:
+        """Make sure ``node`` has the seed image, loading it from the driver's engine if not.
+
+        Checked once per node; the driver's Docker calls run off the event loop.
+        """
+        image = self._options.get("image", "softprobe/base:latest")
+        async with node.lock:
+            if image in node.images:
+                return
+            present = await self._on(node, None, node.actor.image_id.remote(image))
+            wanted = await asyncio.to_thread(self._driver_image_id, image)
+            if present is None or (wanted is not None and present != wanted):
+                blob = await asyncio.to_thread(self._image_blob, image)
+                await self._on(node, None, node.actor.load_image.remote(ray.put(blob)))
+            node.images.add(image)
+
+    def _driver_image_id(self, image: str) -> str | None:
+        """The image's id on the driver's engine, or None (then a saved copy is what ships)."""
+        import docker
+
+        client = docker.from_env()
+        try:
+            return str(client.images.get(image).id)
+        except docker.errors.ImageNotFound:
+            return None
+        finally:
+            client.close()
+
+    def _image_blob(self, image: str) -> bytes:
+        """``docker save`` of the image, made once per image."""
+        if image not in self._blobs:
+            import docker
+
+            client = docker.from_env()
+            try:
+                self._blobs[image] = b"".join(client.images.get(image).save(named=True))
+            finally:
+                client.close()
+        return self._blobs[image]
+
+    async def create_episode(self, *, episode_id: str | None = None, **kwargs: Any) -> Any:
+        node = self._least_loaded()
+        await self._ship_image(node)
+        handle = await self._on(node, episode_id, node.actor.call.remote("create_episode", dict(kwargs, episode_id=episode_id)))
+        node.episodes.add(handle.episode_id)
+        self._owner[handle.episode_id] = node
+        self.placements[handle.episode_id] = node.node_id
+        return handle
+
+    async def _route(self, method: str, episode_id: str, **kwargs: Any) -> Any:
+        node = self._owner.get(episode_id)
+        if node is None:
+            raise GymError(f"no episode {episode_id!r} on this cluster (or its node was lost)")
+        return await self._on(node, episode_id, node.actor.call.remote(method, dict(kwargs, episode_id=episode_id)))
+
+    async def reset(self, *, episode_id: str) -> Any:
+        return await self._route("reset", episode_id)
+
+    async def step(self, *, episode_id: str, action: Any) -> Any:
+        return await self._route("step", episode_id, action=action)
+
+    async def checkpoint(self, *, episode_id: str) -> Any:
+        return await self._route("checkpoint", episode_id)
+
+    async def finalize(self, *, episode_id: str) -> Any:
+        return await self._route("finalize", episode_id)
+
+    async def fork(self, *, episode_id: str, **kwargs: Any) -> Any:
+        child = await self._route("fork", episode_id, **kwargs)
+        node = self._owner[episode_id]  # forks stay on the parent's node (checkpoints live there)
+        node.episodes.add(child.episode_id)
+        self._owner[child.episode_id] = node
+        return child
+
+    async def destroy(self, *, episode_id: str, cleanup: bool = False) -> None:
+        await self._route("destroy", episode_id, cleanup=cleanup)
+        node = self._owner.pop(episode_id)
+        node.episodes.discard(episode_id)
+
+    async def run_rollouts(self, specs: list[dict[str, Any]], *, concurrency: int = 8) -> list[RolloutOutcome]:
+        """Run training rollouts across the nodes, at most ``concurrency`` at once.
+
+        Each spec has ``episode_id``, ``actions`` (a list or a policy), and optionally
+        ``reward_from``, ``max_steps`` and ``seed_files`` ({relative path: bytes}). Functions
+        travel by cloudpickle: they must be importable on the nodes or registered with
+        ``ray.cloudpickle.register_pickle_by_value``.
+
+        Returns:
+            one :class:`RolloutOutcome` per spec, in ``specs`` order: its ``result``, or an
+            ``error`` naming the rollout and its node: :class:`NodeLostError` if the node died,
+            :class:`RolloutFailedError` if the rollout raised. One failure never stops the others.
+        """
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(spec: dict[str, Any]) -> RolloutOutcome:
+            episode_id = spec["episode_id"]
+            node: _Node | None = None
+            async with limit:
+                try:
+                    node = self._least_loaded()
+                    node.episodes.add(episode_id)  # counted before any await: fair placement
+                    self.placements[episode_id] = node.node_id
+                    try:
+                        await self._ship_image(node)
+                        result = await self._on(node, episode_id, node.actor.rollout.remote(spec))
+                    finally:
+                        node.episodes.discard(episode_id)
+                except NodeLostError as err:
+                    if err.episode_id != episode_id:  # lost while its image was shipped
+                        err = NodeLostError(err.node_id, episode_id, err.detail)
+                    return RolloutOutcome(episode_id, err.node_id, error=err)
+                except Exception as err:  # one rollout's failure is its outcome; the others go on
+                    cause = getattr(err, "cause", None) or err  # a RayTaskError wraps the node's exception
+                    node_id = node.node_id if node is not None else None
+                    return RolloutOutcome(episode_id, node_id, error=RolloutFailedError(episode_id, node_id, cause))
+            return RolloutOutcome(episode_id, node.node_id, result=result)
+
+        return list(await asyncio.gather(*(one(spec) for spec in specs)))
+
+    async def close(self) -> None:
+        """Close every node's host (its containers go) and stop the actors."""
+        for node in self._nodes:
+            if node.lost is None:
+                try:
+                    await node.actor.close.remote()
+                except RayActorError:
+                    pass
+            ray.kill(node.actor, no_restart=True)

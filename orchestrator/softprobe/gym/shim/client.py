@@ -1,0 +1,196 @@
+"""The host side of the shim protocol, independent of where the container runs."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+from pydantic_core import from_json
+
+from softprobe.gym.actions import wire_json
+from softprobe.gym.errors import SandboxError, SandboxLostError, ShimReplyError
+from softprobe.gym.text import readable
+from softprobe.gym.shim.protocol import (
+    CallRequest,
+    CallResult,
+    ExistsRequest,
+    HelloRequest,
+    HelloResult,
+    ReadTextRequest,
+    RescanRequest,
+    RescanResult,
+    SeedRequest,
+    ShimRequest,
+    ShimResponse,
+)
+
+#: How long the host waits beyond a tool's own timeout before it declares the shim unresponsive.
+RESPONSE_GRACE_S = 15.0
+
+_timeout = getattr(asyncio, "timeout", None)
+
+
+class LineChannel(Protocol):
+    """A duplex byte channel carrying one message per line (the transport under the client)."""
+
+    async def send_line(self, line: bytes) -> None: ...
+
+    async def recv_line(self) -> bytes:
+        """Return the next line without its newline; raise EOFError when the peer is gone."""
+        ...
+
+    def diagnostics(self) -> str:
+        """Whatever the transport knows about a failure (e.g. the shim's last stderr lines)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ShimClient:
+    """Sends requests to one shim and returns their results, one request at a time.
+
+    Raises:
+        SandboxLostError: the channel closed, or no answer came within the request's deadline.
+            The connection is unusable after this; the episode must be reset.
+        ShimReplyError: the answer could not be read (not strict JSON, or not the shape the
+            protocol defines). Only that request failed; the connection stays usable.
+        SandboxError: the shim refused the request (a protocol error on our side), or the
+            request could not be encoded.
+
+    Every string of a reply reaches the caller as readable text: lone surrogates (file names
+    that are not UTF-8) become backslash escapes, so results can always be written as JSON.
+    """
+
+    def __init__(self, channel: LineChannel) -> None:
+        self._channel = channel
+        self._lock = asyncio.Lock()
+        self._next_id = 0
+        self._lost: str | None = None
+
+    @property
+    def lost(self) -> str | None:
+        """Why the connection was lost, or None while it works."""
+        return self._lost
+
+    async def hello(self, *, timeout_s: float) -> HelloResult:
+        return _validated(HelloResult, await self._request(HelloRequest(), timeout_s), "hello")
+
+    async def call_tool(
+        self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int
+    ) -> CallResult:
+        request = CallRequest(tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap)
+        return _validated(CallResult, await self._request(request, timeout_s + RESPONSE_GRACE_S), "call")
+
+    async def seed(self, archive: bytes) -> HelloResult:
+        """Have the shim extract a tar of seed files into the workspace; return its new hello."""
+        request = SeedRequest(archive=base64.b64encode(archive).decode("ascii"))
+        return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S + 60), "seed")
+
+    async def exists(self, path: str) -> bool:
+        return bool(await self._request(ExistsRequest(path=path), RESPONSE_GRACE_S))
+
+    async def read_text(self, path: str, *, max_bytes: int) -> str:
+        result = await self._request(ReadTextRequest(path=path, max_bytes=max_bytes), RESPONSE_GRACE_S)
+        return str(result)
+
+    async def rescan(self) -> RescanResult:
+        return _validated(RescanResult, await self._request(RescanRequest(), RESPONSE_GRACE_S + 120), "rescan")
+
+    def close(self) -> None:
+        self._channel.close()
+
+    async def _request(self, request: ShimRequest, deadline_s: float) -> Any:
+        async with self._lock:
+            if self._lost is not None:
+                raise SandboxLostError(self._lost)
+            self._next_id += 1
+            request_id = self._next_id
+            payload = request.model_dump()
+            payload["id"] = request_id
+            try:
+                line = wire_json(payload)
+            except (ValueError, TypeError, UnicodeEncodeError, RecursionError) as err:
+                raise SandboxError(
+                    f"a {request.op!r} request could not be encoded as JSON ({err}); nothing was sent"
+                ) from None
+            try:
+                if _timeout is not None:  # no extra task per request (Python >= 3.11)
+                    async with _timeout(deadline_s):
+                        response = await self._exchange(line, request_id)
+                else:
+                    response = await asyncio.wait_for(self._exchange(line, request_id), deadline_s)
+            except asyncio.TimeoutError:
+                raise self._fail(f"the shim did not answer within {deadline_s:g}s") from None
+            except (EOFError, ConnectionError, OSError) as err:
+                detail = f" ({err})" if str(err) else ""
+                raise self._fail(f"the connection to the shim closed{detail}") from None
+        if not response.ok:
+            failure = response.error
+            raise SandboxError(
+                f"the shim refused a {request.op!r} request: "
+                f"{failure.type if failure else '?'}: {failure.message if failure else ''}"
+            )
+        return response.result
+
+    async def _exchange(self, line: bytes, request_id: int) -> ShimResponse:
+        await self._channel.send_line(line)
+        while True:
+            response = _parse_response(await self._channel.recv_line())
+            # id None: the shim could not even read the request's id.
+            if response.id == request_id or response.id is None:
+                return response
+
+    def _fail(self, reason: str) -> SandboxLostError:
+        """Mark the connection lost for good (a late answer would be misattributed)."""
+        extra = self._channel.diagnostics()
+        self._lost = reason + (f"; shim stderr: {extra}" if extra else "")
+        self._channel.close()
+        return SandboxLostError(self._lost)
+
+
+def _parse_response(raw: bytes) -> ShimResponse:
+    """One reply line as a response whose strings are all readable text.
+
+    The fast parser (pydantic-core's) refuses ``NaN``/``Infinity`` and lone surrogates, so what
+    it accepts is already readable. It rejects the ``\\udcff`` escapes the shim writes for
+    bytes of a name that are not UTF-8; those lines go through the standard library's parser,
+    which accepts them, and :func:`readable` turns them into visible ``\\xff`` escapes.
+
+    Raises:
+        ShimReplyError: the line is not strict JSON, or not a response.
+    """
+    try:
+        data = from_json(raw, allow_inf_nan=False)
+    except ValueError:
+        try:
+            data = readable(json.loads(raw, parse_constant=_refuse_constant))
+        except (ValueError, RecursionError) as err:
+            raise ShimReplyError(
+                f"a reply from the shim could not be read ({str(err)[:200]}); the request failed, "
+                "the container is kept and the episode can go on"
+            ) from None
+    try:
+        return ShimResponse.model_validate(data)
+    except ValidationError as err:
+        raise ShimReplyError(
+            f"a reply from the shim is not a response ({err.errors()[0]['msg']}); the request "
+            "failed, the container is kept and the episode can go on"
+        ) from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _validated(model: Any, result: Any, op: str) -> Any:
+    try:
+        return model.model_validate(result)
+    except ValidationError as err:
+        where = ".".join(str(p) for p in err.errors()[0]["loc"]) or "result"
+        raise ShimReplyError(
+            f"the shim's reply to a {op!r} request is not the protocol's shape ({where}: "
+            f"{err.errors()[0]['msg']}); the request failed, the container is kept"
+        ) from None

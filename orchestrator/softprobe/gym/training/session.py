@@ -1,0 +1,358 @@
+"""Training sessions: RL-style rollouts over one episode, with dense rewards from facts.
+
+Promptfoo is never called during a step. Rewards come only from your ``reward_from`` facts;
+grade the finished rollout afterwards with ``rollout_to_promptfoo_input`` and
+``softprobe.promptfoo_adapter.execute_promptfoo_eval``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from pathlib import Path
+from typing import Annotated, Any, AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable, Literal, Union
+
+from pydantic import BaseModel, Field
+
+from softprobe.gym.errors import EpisodeNotFoundError, GymError, LifecycleError
+from softprobe.gym.training.export import PromptfooInput, final_output_of, trajectory_digest, trajectory_steps
+from softprobe.gym.episodes.host import HostEnvironment
+from softprobe.gym.results import StepResult
+from softprobe.gym.training.rewards import Aggregate, Facts, RewardFrom, RewardTracker
+
+
+Policy = Callable[..., Any]  # (observation) or (observation, last_step_result) -> action, sync or async
+TerminatedReason = Literal["terminate_action", "max_steps", "end_of_actions", "error"]
+
+
+class ResetEvent(BaseModel):
+    """The episode was reset; ``observation`` is its first observation."""
+
+    type: Literal["reset"] = "reset"
+    episode_id: str
+    observation: dict[str, Any]
+    diagnostics: dict[str, Any]
+    source_trace_id: str
+
+
+class StepEvent(BaseModel):
+    """One step ran; ``step_result.reward_components`` holds its rewards."""
+
+    type: Literal["step"] = "step"
+    step_result: StepResult
+
+
+class TerminatedEvent(BaseModel):
+    """The rollout ended, and why: a ``terminate`` action, the ``max_steps`` limit, no more
+    actions (the list ran out, or the policy returned ``None``), or an error (``error`` says
+    which; the exception is raised right after this event)."""
+
+    type: Literal["terminated"] = "terminated"
+    reason: TerminatedReason
+    steps: int
+    error: str | None = None
+
+
+RolloutEvent = Annotated[Union[ResetEvent, StepEvent, TerminatedEvent], Field(discriminator="type")]
+
+
+class RolloutResult(BaseModel):
+    """A finished rollout (``session.finalize()``)."""
+
+    episode_id: str
+    steps: list[StepResult]
+    final_output: str
+    trajectory_digest: str
+    source_trace_id: str
+    total_reward: float
+    terminated_reason: TerminatedReason | None
+    facts: list[Facts] = Field(default_factory=list, description="reward_from's facts, per step")
+    artifacts_dir: Path
+    workspace_path: Path | None = Field(description="the final /workspace; None if the episode broke")
+
+
+class TrainingSession:
+    """Drives one episode of a host through rollouts. Create it with :func:`create_training_session`.
+
+    Each :meth:`rollout` resets the episode (a fresh container from the seed), then steps it
+    and attaches rewards after every step. :meth:`finalize` seals the episode and returns the
+    :class:`RolloutResult` of the last rollout.
+    """
+
+    def __init__(
+        self,
+        host: HostEnvironment,
+        *,
+        episode_id: str | None = None,
+        reward_from: RewardFrom | None = None,
+        max_steps: int | None = None,
+        reward_aggregate: Aggregate = "sum",
+        seed_root: Path | None = None,
+    ) -> None:
+        self.host = host
+        self.seed_root = seed_root
+        self.episode_id = episode_id
+        self.max_steps = max_steps
+        self.rewards = RewardTracker(reward_from, reward_aggregate) if reward_from is not None else None
+        self.source_trace_id: str | None = None
+        self._ready = False
+        # The rollout under way, if any; weak, so that dropping it (a ``break``) frees the session.
+        self._active: weakref.ref[Rollout] | None = None
+        self._steps: list[StepResult] = []
+        self._reason: TerminatedReason | None = None
+
+    def __await__(self) -> Generator[Any, None, TrainingSession]:
+        async def setup() -> TrainingSession:
+            await self._ensure_episode()
+            return self
+
+        return setup().__await__()
+
+    async def _ensure_episode(self) -> None:
+        if self._ready:
+            return
+        if self.episode_id is not None:
+            try:
+                self.host.state(episode_id=self.episode_id)
+                if self.max_steps is not None:
+                    self.host._episodes[self.episode_id].max_steps = self.max_steps
+                self._ready = True
+                return
+            except EpisodeNotFoundError:
+                pass
+        handle = await self.host.create_episode(
+            episode_id=self.episode_id, max_steps=self.max_steps, seed_root=self.seed_root
+        )
+        self.episode_id = handle.episode_id
+        self._ready = True
+
+    def rollout(self, actions_or_policy: Iterable[Any] | AsyncIterable[Any] | Policy) -> Rollout:
+        """Reset, then step until a ``terminate`` action, ``max_steps``, or no more actions.
+
+        Returns a :class:`Rollout`, an async iterator of events: ``async for ev in
+        session.rollout(...)``. One rollout runs at a time per session; leaving the loop early
+        (``break``) releases the session as soon as the iterator is dropped, and
+        ``await rollout.aclose()`` releases it explicitly (use that if you keep a reference).
+
+        Args:
+            actions_or_policy: a list or (async) iterable of actions, or a policy: a sync or
+                async callable ``policy(observation)`` or ``policy(observation, last_step)``
+                returning the next action (``None`` to stop). The first call gets the reset
+                observation and ``None``.
+
+        Yields:
+            a ``reset`` event, a ``step`` event per step, then one ``terminated`` event.
+
+        Raises:
+            LifecycleError: another rollout of this session is under way (on the first event).
+            RewardError: ``reward_from`` raised or returned malformed or changing facts (after a
+                ``terminated`` event with reason ``error``); the same for host errors such as
+                InvalidActionError or EpisodeBrokenError.
+        """
+        return Rollout(self, actions_or_policy)
+
+    async def _rollout(self, source: Any) -> AsyncIterator[ResetEvent | StepEvent | TerminatedEvent]:
+        await self._ensure_episode()
+        episode_id = str(self.episode_id)
+        self._steps, self._reason = [], None
+        if self.rewards is not None:
+            self.rewards.restart()
+        reset = await self.host.reset(episode_id=episode_id)
+        self.source_trace_id = reset.source_trace_id  # the host stamps it on every step
+        yield ResetEvent(
+            episode_id=episode_id,
+            observation=reset.observation,
+            diagnostics=reset.diagnostics,
+            source_trace_id=self.source_trace_id,
+        )
+        next_action = _action_source(source)
+        observation: Any = reset.observation
+        last: StepResult | None = None
+        reason: TerminatedReason = "end_of_actions"
+        while True:
+            try:
+                action = await next_action(observation, last)
+                if action is None:
+                    break
+                # Rewards are scored inside the step, so its trajectory line carries them.
+                score = self.rewards.score if self.rewards is not None else None
+                result = await self.host._step(episode_id, action, score=score)
+                self._steps.append(result)
+            except GymError as err:
+                # A step that ran and then failed (on_step or reward_from raised) is recorded by
+                # the host; the rollout's result records it the same way.
+                recorded = getattr(err, "step_result", None)
+                if isinstance(recorded, StepResult):
+                    self._steps.append(recorded)
+                self._reason = "error"
+                yield TerminatedEvent(reason="error", steps=len(self._steps), error=str(err))
+                raise
+            yield StepEvent(step_result=result)
+            if result.terminated:
+                reason = "terminate_action"
+                break
+            if result.truncated:
+                reason = "max_steps"
+                break
+            observation, last = result.observation, result
+        self._reason = reason
+        yield TerminatedEvent(reason=reason, steps=len(self._steps))
+
+    async def finalize(self) -> RolloutResult:
+        """Seal the episode (``host.finalize``) and return the last rollout's result.
+
+        Also writes it to ``<episode folder>/rollout.json``.
+
+        Raises:
+            LifecycleError: no rollout has run.
+        """
+        if self.source_trace_id is None:
+            raise LifecycleError(str(self.episode_id), "created", "finalize", "run a rollout first")
+        episode_id = str(self.episode_id)
+        done = await self.host.finalize(episode_id=episode_id)
+        result = RolloutResult(
+            episode_id=episode_id,
+            steps=list(self._steps),
+            final_output=final_output_of(episode_id, self._steps),
+            trajectory_digest=trajectory_digest(self._steps),
+            source_trace_id=self.source_trace_id,
+            total_reward=sum(step.reward or 0.0 for step in self._steps),
+            terminated_reason=self._reason,
+            facts=list(self.rewards.facts) if self.rewards is not None else [],
+            artifacts_dir=done.episode_dir,
+            workspace_path=done.workspace_path,
+        )
+        (done.episode_dir / "rollout.json").write_text(result.model_dump_json(indent=2))
+        return result
+
+
+class Rollout:
+    """The events of one rollout (what :meth:`TrainingSession.rollout` returns).
+
+    An async iterator: ``async for ev in session.rollout(actions): ...``. It holds its session
+    (one rollout at a time) from its first event until it ends, raises, is closed with
+    :meth:`aclose`, or is garbage collected (as it is at once after ``break`` out of an
+    ``async for`` that held the only reference).
+    """
+
+    def __init__(self, session: TrainingSession, source: Any) -> None:
+        self._session = session
+        self._source = source
+        self._events: AsyncGenerator[ResetEvent | StepEvent | TerminatedEvent, None] | None = None
+        self._done = False
+
+    def __aiter__(self) -> Rollout:
+        return self
+
+    async def __anext__(self) -> ResetEvent | StepEvent | TerminatedEvent:
+        if self._done:
+            raise StopAsyncIteration
+        if self._events is None:
+            active = self._session._active() if self._session._active is not None else None
+            if active is not None and active is not self:
+                raise LifecycleError(
+                    str(self._session.episode_id), "rolling out", "rollout",
+                    "one rollout at a time: finish the other, or close it with await rollout.aclose()",
+                )
+            self._session._active = weakref.ref(self)
+            self._events = self._session._rollout(self._source)
+        try:
+            return await self._events.__anext__()
+        except BaseException:
+            self._release()
+            raise
+
+    async def aclose(self) -> None:
+        """Stop the rollout here and release its session at once. Idempotent."""
+        self._release()
+        if self._events is not None:
+            await self._events.aclose()
+
+    def _release(self) -> None:
+        self._done = True
+        active = self._session._active
+        if active is not None and active() in (self, None):
+            self._session._active = None
+
+
+def create_training_session(
+    host: HostEnvironment,
+    *,
+    episode_id: str | None = None,
+    reward_from: RewardFrom | None = None,
+    max_steps: int | None = None,
+    reward_aggregate: Aggregate = "sum",
+    seed_root: Path | None = None,
+) -> TrainingSession:
+    """A training session over one episode of ``host`` (created if it does not exist).
+
+    Use it directly or ``await`` it (which creates the episode at once).
+
+    Args:
+        episode_id: the episode to drive; generated if omitted.
+        reward_from: ``reward_from(ctx)`` (sync or async) returns facts after each step (see
+            ``softprobe.gym.training.rewards``); ``ctx`` has ``step_result``, ``episode_id`` and
+            ``step_index``.
+        max_steps: truncate the episode after this many steps.
+        reward_aggregate: how a step's ``reward`` is made from its components: ``"sum"``
+            (default), ``"mean"`` or a function of the component list.
+        seed_root: the episode's own seed folder (when the session creates the episode).
+    """
+    return TrainingSession(
+        host,
+        episode_id=episode_id,
+        reward_from=reward_from,
+        max_steps=max_steps,
+        reward_aggregate=reward_aggregate,
+        seed_root=seed_root,
+    )
+
+
+def rollout_to_promptfoo_input(result: RolloutResult) -> PromptfooInput:
+    """What grading with Promptfoo needs: final output, trajectory digest, trace id and steps."""
+    return PromptfooInput(
+        final_output=result.final_output,
+        trajectory_digest=result.trajectory_digest,
+        source_trace_id=result.source_trace_id,
+        steps=trajectory_steps(result.steps),
+    )
+
+
+def _action_source(source: Any) -> Callable[[Any, StepResult | None], Awaitable[Any]]:
+    """One async ``next_action(observation, last)`` over a list, an iterable or a policy."""
+    if hasattr(source, "__aiter__"):
+        iterator = source.__aiter__()
+
+        async def from_async_iterable(observation: Any, last: StepResult | None) -> Any:
+            try:
+                return await iterator.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        return from_async_iterable
+    if callable(source):
+        wants_last = _positional_arity(source) >= 2
+
+        async def from_policy(observation: Any, last: StepResult | None) -> Any:
+            action = source(observation, last) if wants_last else source(observation)
+            return await action if inspect.isawaitable(action) else action
+
+        return from_policy
+    if isinstance(source, (str, bytes, dict)):
+        raise TypeError("rollout() takes a list of actions or a policy, not a single action")
+    iterator_sync = iter(source)
+
+    async def from_iterable(observation: Any, last: StepResult | None) -> Any:
+        return next(iterator_sync, None)
+
+    return from_iterable
+
+
+def _positional_arity(func: Callable[..., Any]) -> int:
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return 2
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
