@@ -28,7 +28,7 @@ from helpers import SUPPORT_DESK  # noqa: E402
 
 def _docker_problem() -> str | None:
     try:
-        from softprobe.gym.providers.docker.provider import connect_docker
+        from softprobe.gym.providers.docker.engine import connect_docker
 
         client = connect_docker()
     except DockerUnavailableError as err:

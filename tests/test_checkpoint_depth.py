@@ -12,7 +12,7 @@ import pytest
 
 from helpers import SUPPORT_DESK, ready, tool
 from softprobe.gym import create_host_environment
-from softprobe.gym.providers.docker.provider import FLATTEN_AT_LAYERS, DockerBackend
+from softprobe.gym.providers.docker.provider import FLATTEN_AT_LAYERS, DockerProvider
 
 pytestmark = pytest.mark.docker
 CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
@@ -33,10 +33,10 @@ def layers(client: docker.DockerClient, image_id: str) -> int:
 async def test_a_flattened_checkpoint_keeps_world_user_tools_and_environment(tmp_path, seed_root, docker_engine):
     client = docker.from_env()
     base_layers = layers(client, SUPPORT_DESK)
-    backend = DockerBackend(flatten_at_layers=base_layers + 3)
+    provider = DockerProvider(flatten_at_layers=base_layers + 3)
     async with create_host_environment(
         run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK, capabilities=CAPS,
-        subject=NullSubject(), backend=backend,
+        subject=NullSubject(), provider=provider,
     ) as host:
         current = await ready(host, "gen-0")
         depths = []
@@ -54,7 +54,7 @@ async def test_a_flattened_checkpoint_keeps_world_user_tools_and_environment(tmp
         )
         uid, *rest = probe.observation.split()
         assert rest == ["/tmp/.home", "6", "{"]  # HOME is on the bounded /tmp
-        assert uid == str(host._episodes[current].sandbox.hello.uid)  # the child's own uid
+        assert uid == str(host.runtime_of(episode_id=current).hello.uid)  # the child's own uid
         account = await host.step(episode_id=current, action=tool("crm.get_account", id="A-42"))
         assert account.observation["id"] == "A-42"
     client.close()

@@ -29,7 +29,7 @@ async def test_pooled_resets_are_fresh_seeded_and_never_reused(tmp_path, seed_ro
             listing = await host.step(episode_id=f"e{i}", action=tool("fs.list"))
             assert {e["name"] for e in listing.observation} == {"docs", "hello.txt"}  # nothing of e{i-1}
             await host.step(episode_id=f"e{i}", action=tool("fs.write", path=f"mark-{i}", content="x"))
-            sandbox_id = host._episodes[f"e{i}"].sandbox.sandbox_id
+            sandbox_id = host.runtime_of(episode_id=f"e{i}").sandbox_id
             assert sandbox_id not in used
             used.add(sandbox_id)
             await host.destroy(episode_id=f"e{i}")
@@ -62,7 +62,7 @@ async def test_max_containers_bounds_episodes_holding_a_container(tmp_path, dock
         await host.reset(episode_id="b")
         third = asyncio.create_task(host.reset(episode_id="c"))
         await asyncio.sleep(0)
-        assert host._slots.locked() and not third.done()
+        assert host.held_slots == 2 and not third.done()
         assert len(host_containers(host)) == 2
         await host.reset(episode_id="a")  # a reset keeps its slot: no deadlock
         await host.finalize(episode_id="b")  # releases one

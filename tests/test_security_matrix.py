@@ -117,7 +117,7 @@ async def test_row_03_filling_tmp_or_the_workspace_is_bounded(tmp_path, docker_e
         )
         assert fill_tmp.error.type == "command_failed" and "No space left" in fill_tmp.error.message
         await still_works(host, episode_id)
-    default = create_host_environment(run_root=tmp_path / "d", image=SUPPORT_DESK).container_settings
+    default = create_host_environment(run_root=tmp_path / "d", image=SUPPORT_DESK).config.container
     assert (default.max_file_size, default.tmp_size) == ("1g", "256m")
 
 
@@ -335,7 +335,7 @@ async def test_row_15b_tool_processes_cannot_forge_or_kill_the_shim(host):
     attempt = await host.step(episode_id=episode_id, action=py(forge))
     assert attempt.error is None and attempt.observation.startswith("PermissionError"), attempt
     assert "forged" not in attempt.observation
-    hello = host._episodes[episode_id].sandbox.hello
+    hello = host.runtime_of(episode_id=episode_id).hello
     assert hello.pid == 1 and hello.hardened
     await still_works(host, episode_id)  # SIGKILL to the namespace's init from inside is ignored
     listing = await processes(host, episode_id)

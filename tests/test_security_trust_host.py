@@ -315,16 +315,16 @@ async def test_row_36_destroy_during_the_on_step_hook_stays_destroyed(tmp_path, 
 async def test_row_36_destroy_during_finalize_stays_destroyed(host):
     episode_id = await ready(host)
     await host.step(episode_id=episode_id, action=shell("echo x > x.txt"))
-    sandbox = host._episodes[episode_id].sandbox  # gate its real copy, to destroy mid-finalize
+    sandbox = host.runtime_of(episode_id=episode_id)  # gate its real copy, to destroy mid-finalize
     entered, release = asyncio.Event(), asyncio.Event()
-    real_copy_out = sandbox.copy_out
+    real_copy_out = sandbox.copy_out_workspace
 
     async def gated_copy_out(*args, **kwargs):  # type: ignore[no-untyped-def]
         entered.set()
         await release.wait()
         return await real_copy_out(*args, **kwargs)
 
-    sandbox.copy_out = gated_copy_out
+    sandbox.copy_out_workspace = gated_copy_out
     finalize = asyncio.ensure_future(host.finalize(episode_id=episode_id))
     await entered.wait()
     await host.destroy(episode_id=episode_id)
@@ -337,7 +337,7 @@ async def test_row_36_destroy_during_finalize_stays_destroyed(host):
 
 async def test_row_36_destroy_while_finalize_stops_the_container_stays_destroyed(host):
     episode_id = await ready(host)
-    sandbox = host._episodes[episode_id].sandbox  # gate its real removal, the last await of finalize
+    sandbox = host.runtime_of(episode_id=episode_id)  # gate its real removal, the last await of finalize
     entered, release = asyncio.Event(), asyncio.Event()
     real_remove = sandbox.remove
 
@@ -359,7 +359,7 @@ async def test_row_36_destroy_while_finalize_stops_the_container_stays_destroyed
 
 async def test_row_36_destroy_during_checkpoint_stays_destroyed_and_leaves_no_image(host):
     episode_id = await ready(host)
-    sandbox = host._episodes[episode_id].sandbox  # gate its real commit, to destroy mid-checkpoint
+    sandbox = host.runtime_of(episode_id=episode_id)  # gate its real commit, to destroy mid-checkpoint
     entered, release = asyncio.Event(), asyncio.Event()
     real_commit = sandbox.commit
 

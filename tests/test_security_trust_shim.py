@@ -35,7 +35,7 @@ def py(code: str, **extra: object) -> dict:
 
 
 def hello_of(host, episode_id: str):  # type: ignore[no-untyped-def]
-    return host._episodes[episode_id].sandbox.hello
+    return host.runtime_of(episode_id=episode_id).hello
 
 
 class Subject:

@@ -1,6 +1,7 @@
 """softprobe-gym: run AI-agent episodes in isolated Docker containers.
 
 The Python counterpart of ``@softprobe/gym``. Start with :func:`create_host_environment`.
+``ARCHITECTURE.md`` in the repository shows how the packages fit together.
 """
 
 from softprobe.gym.actions import TerminateAction, ToolAction, parse_action
@@ -33,10 +34,14 @@ from softprobe.gym.errors import (
     UnsupportedForkError,
 )
 from softprobe.gym.episodes.check import CheckOutcome, HostCheckReport, check_host
-from softprobe.gym.episodes.fork import ForkLineage, ForkResult
+from softprobe.gym.episodes.config import HostConfig
+from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment, open_host
+from softprobe.gym.episodes.forking import ForkLineage, ForkResult
+from softprobe.gym.episodes.host import HostEnvironment
+from softprobe.gym.episodes.protocol import Host
 from softprobe.gym.training.export import PromptfooInput, TrajectoryStep
 from softprobe.gym.episodes.hooks import StepContext
-from softprobe.gym.episodes.host import DEFAULT_IMAGE, HostEnvironment, create_host_environment
+from softprobe.gym.providers.base import Provider
 from softprobe.gym.results import (
     CheckpointRecord,
     EpisodeHandle,
@@ -87,7 +92,9 @@ __all__ = [
     "ForkResult",
     "ForkVerificationError",
     "GymError",
+    "Host",
     "HostCheckReport",
+    "HostConfig",
     "HostEnvironment",
     "ImageBuildError",
     "ImageNotFoundError",
@@ -96,6 +103,7 @@ __all__ = [
     "LifecycleError",
     "OnStepHookError",
     "PromptfooInput",
+    "Provider",
     "ReplayDivergenceError",
     "ResetEvent",
     "ResetResult",
@@ -129,6 +137,7 @@ __all__ = [
     "create_host_environment",
     "create_training_session",
     "map_reward_components",
+    "open_host",
     "parse_action",
     "partition_train_eval",
     "rollout_to_promptfoo_input",

@@ -27,11 +27,13 @@ from typing import Any, Awaitable, Callable
 from pydantic import BaseModel
 
 from softprobe.gym import labels as L
-from softprobe.gym.episodes.host import HostEnvironment, create_host_environment
+from softprobe.gym.episodes.factory import create_host_environment
+from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.providers.archive import build_seed_archive
-from softprobe.gym.providers.base import Sandbox
-from softprobe.gym.providers.docker.provider import DockerBackend, _host_config_kwargs
+from softprobe.gym.providers.docker.baseline import DockerBaseline
+from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.settings import RUNTIME_ENV, ContainerSettings
+from softprobe.gym.shim.runtime import Runtime
 
 
 class BenchRow(BaseModel):
@@ -111,14 +113,14 @@ async def run_bench(*, image: str, quick: bool = False, log: Callable[[str], Non
             run_root=Path(tmp) / "run", seed_root=seed, image=image, pool_size=2,
             capabilities={"subject_state_import": True}, subject=_NoSubject(),
         ) as host:
-            backend: DockerBackend = host._backend  # type: ignore[assignment]
+            baseline = DockerBaseline(host.provider)
             await host.warm_up()
             log("steps")
-            rows += await _steps(host, backend, n)
+            rows += await _steps(host, baseline, n)
             log("resets")
-            rows += await _resets(host, backend, seed, n)
+            rows += await _resets(host, baseline, seed, n)
             log("checkpoints and forks")
-            rows += await _checkpoints_and_forks(host, backend, n)
+            rows += await _checkpoints_and_forks(host, baseline, n)
         log("concurrency")
         rows += await _concurrency(image, Path(tmp), seed, n["concurrency"], quick)
         log("large workspace")
@@ -128,22 +130,13 @@ async def run_bench(*, image: str, quick: bool = False, log: Callable[[str], Non
     return BenchReport(image=image, quick=quick, rows=rows)
 
 
-def _sandbox(host: HostEnvironment, episode_id: str) -> Sandbox:
-    sandbox = host._episodes[episode_id].sandbox
-    assert sandbox is not None
-    return sandbox
+def _sandbox(host: HostEnvironment, episode_id: str) -> Runtime:
+    runtime = host.runtime_of(episode_id=episode_id)
+    assert runtime is not None
+    return runtime
 
 
-async def _raw_exec(backend: DockerBackend, container_id: str, cmd: list[str]) -> None:
-    api = backend.client.api
-
-    def run() -> None:
-        api.exec_start(api.exec_create(container_id, cmd)["Id"])
-
-    await backend._run(run)
-
-
-async def _steps(host: HostEnvironment, backend: DockerBackend, n: dict[str, Any]) -> list[BenchRow]:
+async def _steps(host: HostEnvironment, baseline: DockerBaseline, n: dict[str, Any]) -> list[BenchRow]:
     await host.create_episode(episode_id="bench")
     await host.reset(episode_id="bench")
     container = _sandbox(host, "bench").sandbox_id
@@ -153,12 +146,12 @@ async def _steps(host: HostEnvironment, backend: DockerBackend, n: dict[str, Any
     for i in range(n["steps"]):
         ours.append(await _timed(lambda: host.step(episode_id="bench", action=READ)))
         if i < n["execs"]:
-            raw.append(await _timed(lambda: _raw_exec(backend, container, ["cat", "/workspace/small.txt"])))
+            raw.append(await _timed(lambda: baseline.exec(container, ["cat", "/workspace/small.txt"])))
     rows = [_time_row("step fs.read (200 B file)", "docker exec cat", ours, raw)]
     ours, raw = [], []
     for _ in range(n["execs"]):
         ours.append(await _timed(lambda: host.step(episode_id="bench", action=TRUE)))
-        raw.append(await _timed(lambda: _raw_exec(backend, container, ["true"])))
+        raw.append(await _timed(lambda: baseline.exec(container, ["true"])))
     rows.append(_time_row("step shell.exec true", "docker exec true", ours, raw))
     # The floor under any step: a bare protocol round trip to the same shim.
     shim = _sandbox(host, "bench")
@@ -170,32 +163,22 @@ async def _steps(host: HostEnvironment, backend: DockerBackend, n: dict[str, Any
     return rows
 
 
-async def _resets(host: HostEnvironment, backend: DockerBackend, seed: Path, n: dict[str, Any]) -> list[BenchRow]:
-    api = backend.client.api
+async def _resets(host: HostEnvironment, baseline: DockerBaseline, seed: Path, n: dict[str, Any]) -> list[BenchRow]:
     image_id = _sandbox(host, "bench").image_id
     archive = build_seed_archive(seed, uid=1000, gid=1000)
-    host_config = api.create_host_config(**_host_config_kwargs(host.container_settings))
-    raw_ids: list[str] = []
-
-    async def raw_reset() -> None:
-        def run() -> None:
-            container = api.create_container(
-                image_id, command=["sleep", "infinity"], user="1000:1000", host_config=host_config,
-                labels={L.MANAGED: "true", L.OWNER: L.current_owner(), L.HOST: host.host_id},
-            )["Id"]
-            raw_ids.append(container)
-            api.put_archive(container, "/", archive)
-            api.start(container)
-
-        await backend._run(run)
-
-    pool, host.pool = host.pool, None  # cold: no pool
+    settings = host.config.container
     ours, raw = [], []
-    for _ in range(n["resets"]):
-        ours.append(await _timed(lambda: host.reset(episode_id="bench")))
-        raw.append(await _timed(raw_reset))
-        await backend._run(backend._remove, raw_ids.pop())
-    host.pool = pool
+    # Cold: a host of the same configuration without a warm pool, side by side with raw Docker.
+    async with create_host_environment(
+        run_root=host.run_root / "cold", seed_root=seed, image=host.image, container=settings
+    ) as cold:
+        await cold.create_episode(episode_id="cold")
+        for _ in range(n["resets"]):
+            ours.append(await _timed(lambda: cold.reset(episode_id="cold")))
+            started = time.perf_counter()
+            container = await baseline.start(image_id, archive, settings, {L.HOST: host.host_id})
+            raw.append(time.perf_counter() - started)
+            await baseline.remove(container)
     rows = [_time_row("reset, cold (new container + seed)", "docker create+put_archive+start", ours, raw)]
     warm = []
     for _ in range(n["resets"]):
@@ -206,18 +189,16 @@ async def _resets(host: HostEnvironment, backend: DockerBackend, seed: Path, n: 
     return rows
 
 
-async def _checkpoints_and_forks(host: HostEnvironment, backend: DockerBackend, n: dict[str, Any]) -> list[BenchRow]:
-    api = backend.client.api
+async def _checkpoints_and_forks(host: HostEnvironment, baseline: DockerBaseline, n: dict[str, Any]) -> list[BenchRow]:
     write = {"type": "tool", "name": "fs.write", "args": {"path": "n.txt", "content": "1"}}
     await host.step(episode_id="bench", action=write)
     ours, raw = [], []
     for _ in range(n["resets"]):
         ours.append(await _timed(lambda: host.checkpoint(episode_id="bench")))
         started = time.perf_counter()
-        committed = await backend._run(api.commit, _sandbox(host, "bench").sandbox_id,
-                                       conf={"Labels": {L.MANAGED: "true", L.OWNER: L.current_owner()}}, pause=False)
+        committed = await baseline.commit(_sandbox(host, "bench").sandbox_id)
         raw.append(time.perf_counter() - started)
-        await backend.remove_image(committed["Id"])
+        await baseline.remove_image(committed)
     rows = [_time_row("checkpoint", "docker commit (no pause)", ours, raw)]
     for i in range(10):
         await host.step(episode_id="bench", action={**write, "args": {"path": f"f{i}", "content": str(i)}})
@@ -311,7 +292,7 @@ async def _memory_and_rollout(image: str, tmp: Path, seed: Path) -> list[BenchRo
     k = 8
     rows = []
     async with create_host_environment(run_root=tmp / "mem", seed_root=seed, image=image) as host:
-        backend: DockerBackend = host._backend  # type: ignore[assignment]
+        baseline = DockerBaseline(host.provider)
         names = [f"m{i}" for i in range(k)]
         await host.create_episode(episode_id="m-warm")
         await host.reset(episode_id="m-warm")
@@ -321,13 +302,7 @@ async def _memory_and_rollout(image: str, tmp: Path, seed: Path) -> list[BenchRo
             await host.reset(episode_id=name)
         host_share = (_rss_kib() - before) / k / 1024
 
-        def container_mb(container_id: str) -> float:
-            stats = backend.client.api.stats(container_id, stream=False)
-            memory = stats.get("memory_stats", {})
-            cache = memory.get("stats", {}).get("cache", memory.get("stats", {}).get("inactive_file", 0))
-            return (memory.get("usage", 0) - cache) / 1024 / 1024
-
-        per_container = [await backend._run(container_mb, _sandbox(host, name).sandbox_id) for name in names]
+        per_container = [await baseline.memory_mb(_sandbox(host, name).sandbox_id) for name in names]
         total = statistics.median(per_container) + host_share
         rows.append(BenchRow(name=f"memory of an idle episode (median of {k})", unit="MB", ours_p50=round(total, 2),
                              baseline="container working set + host share", baseline_p50=round(statistics.median(per_container), 2),
@@ -407,12 +382,12 @@ def main_bench(*, image: str, quick: bool, as_json: bool, runtimes: list[str] | 
         report = asyncio.run(run_bench(image=image, quick=quick, log=log))
         print(report.model_dump_json(indent=2) if as_json else format_report(report))
         return 0
-    backend = DockerBackend()
+    provider = DockerProvider()
     try:
         for runtime in runtimes:  # refuse an unknown runtime before measuring anything
-            backend.check_settings(ContainerSettings(runtime=runtime))
+            provider.check_settings(ContainerSettings(runtime=runtime))
     finally:
-        asyncio.run(backend.close())
+        provider.discard()
     reports = {}
     saved = os.environ.get(RUNTIME_ENV)
     try:

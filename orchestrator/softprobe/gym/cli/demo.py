@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from softprobe.gym.episodes.host import create_host_environment
+from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.results import StepResult
 from softprobe.gym.text import terminal_safe
 

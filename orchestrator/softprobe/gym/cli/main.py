@@ -207,14 +207,14 @@ def _run_images_build(args: argparse.Namespace) -> int:
 
 
 def _run_gc(args: argparse.Namespace) -> int:
-    from softprobe.gym.providers.docker.provider import DockerBackend
+    from softprobe.gym.providers.docker.provider import DockerProvider
 
     async def sweep() -> object:
-        backend = DockerBackend()
+        provider = DockerProvider()
         try:
-            return await backend.sweep(everything=args.all, dry_run=args.dry_run)
+            return await provider.sweep(everything=args.all, dry_run=args.dry_run)
         finally:
-            await backend.close()
+            await provider.close()
 
     report = asyncio.run(sweep())
     if args.json:

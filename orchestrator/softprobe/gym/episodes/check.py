@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from softprobe.gym.errors import CapabilityError, GymError, LifecycleError, UnsupportedForkError
 from softprobe.gym.episodes.host import HostEnvironment
+from softprobe.gym.episodes.protocol import Host
 
 #: Actions replayed by the capability checks: deterministic on any image with the built-in tools.
 DEFAULT_ACTIONS: list[dict[str, Any]] = [
@@ -40,7 +41,7 @@ class HostCheckReport(BaseModel):
         return "\n".join(lines)
 
 
-async def check_host(host: HostEnvironment, *, actions: list[dict[str, Any]] | None = None) -> HostCheckReport:
+async def check_host(host: Host, *, actions: list[dict[str, Any]] | None = None) -> HostCheckReport:
     """Run throw-away episodes on ``host`` and check that it keeps its contract.
 
     Checks lifecycle order errors, idempotent destroy, equal initial digests for two resets, and
@@ -165,5 +166,5 @@ async def check_host(host: HostEnvironment, *, actions: list[dict[str, Any]] | N
             except GymError:
                 pass
     return HostCheckReport(
-        passed=all(c.passed for c in checks), checks=checks, runtime=host.container_settings.runtime
+        passed=all(c.passed for c in checks), checks=checks, runtime=host.config.container.runtime if isinstance(host, HostEnvironment) else None
     )

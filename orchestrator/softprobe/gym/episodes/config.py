@@ -1,4 +1,4 @@
-"""The options of ``create_host_environment``, validated by one model.
+"""A host's configuration: one model, what ``create_host_environment``'s keywords build.
 
 Types are checked strictly: ``"5"`` is not a number, ``True`` is not a step count and ``123`` is
 not an image name. Every problem becomes one :class:`ConfigurationError` naming the option.
@@ -23,35 +23,43 @@ from pydantic import (
 )
 
 from softprobe.gym.errors import ConfigurationError
-from softprobe.gym.providers.base import SandboxBackend
+from softprobe.gym.providers.base import Provider
 from softprobe.gym.settings import Capabilities, ContainerSettings
 
 
-class HostOptions(BaseModel):
-    """Everything ``create_host_environment`` accepts, with its constraints (see its docstring
-    for what each option means)."""
+#: The seed image when none is given.
+DEFAULT_IMAGE = "softprobe/base:latest"
+#: Default of ``artifact_budget_bytes``: the most file data finalize copies out of a workspace.
+DEFAULT_ARTIFACT_BUDGET_BYTES = 2 * 1024**3
+#: Default of ``checkpoint_budget_bytes``: the most filesystem changes a checkpoint commits.
+DEFAULT_CHECKPOINT_BUDGET_BYTES = 2 * 1024**3
+
+
+class HostConfig(BaseModel):
+    """Everything a host is configured with, and its constraints. Each field is documented
+    where users meet it: :func:`~softprobe.gym.create_host_environment`'s keywords."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_root: Path
     seed_root: Path | None = None
-    image: StrictStr = Field(min_length=1)
+    image: StrictStr = Field(default=DEFAULT_IMAGE, min_length=1)
     capabilities: Capabilities = Field(default_factory=Capabilities)
     on_step: Callable[..., Any] | None = None
     subject: Any = None
     container: ContainerSettings = Field(default_factory=ContainerSettings)
-    tool_timeout_s: float = Field(strict=True, gt=0, allow_inf_nan=False)
-    max_tool_timeout_s: float = Field(strict=True, gt=0, allow_inf_nan=False)
-    output_cap_bytes: StrictInt = Field(ge=1024)
+    tool_timeout_s: float = Field(default=30.0, strict=True, gt=0, allow_inf_nan=False)
+    max_tool_timeout_s: float = Field(default=600.0, strict=True, gt=0, allow_inf_nan=False)
+    output_cap_bytes: StrictInt = Field(default=1024 * 1024, ge=1024)
     max_steps: StrictInt | None = Field(default=None, ge=1)
     docker_host: StrictStr | None = None
-    backend: InstanceOf[SandboxBackend] | None = None
+    provider: InstanceOf[Provider] | None = None
     sweep_on_start: StrictBool = True
     pool_size: StrictInt = Field(default=0, ge=0)
     max_containers: StrictInt | None = Field(default=None, ge=1)
     workspace_tracking: Literal["inotify", "scan"] = "inotify"
-    artifact_budget_bytes: StrictInt | None = Field(default=None, ge=0)
-    checkpoint_budget_bytes: StrictInt | None = Field(default=None, ge=0)
+    artifact_budget_bytes: StrictInt | None = Field(default=DEFAULT_ARTIFACT_BUDGET_BYTES, ge=0)
+    checkpoint_budget_bytes: StrictInt | None = Field(default=DEFAULT_CHECKPOINT_BUDGET_BYTES, ge=0)
 
     @field_validator("run_root", "seed_root")
     @classmethod
@@ -66,7 +74,7 @@ class HostOptions(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> HostOptions:
+    def _consistent(self) -> HostConfig:
         if self.tool_timeout_s > self.max_tool_timeout_s:
             raise ValueError(
                 f"need tool_timeout_s <= max_tool_timeout_s (got {self.tool_timeout_s} > "
@@ -82,7 +90,7 @@ class HostOptions(BaseModel):
         return self
 
     @classmethod
-    def parse(cls, **options: Any) -> HostOptions:
+    def parse(cls, **options: Any) -> HostConfig:
         """Validate ``options``.
 
         Raises:

@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable, Union
 
 from softprobe.gym.actions import TerminateAction, ToolAction
 from softprobe.gym.results import StepResult
-from softprobe.gym.providers.base import Sandbox
+from softprobe.gym.shim.runtime import Runtime
 
 OnStepHook = Callable[["StepContext"], Union[dict[str, Any], None, Awaitable[Union[dict[str, Any], None]]]]
 
@@ -26,10 +26,10 @@ class StepContext:
     episode_id: str
     action: ToolAction | TerminateAction
     result: StepResult
-    _sandbox: Sandbox | None = field(repr=False, default=None)
+    _sandbox: Runtime | None = field(repr=False, default=None)
 
     async def exists(self, path: str) -> bool:
-        """Whether ``path`` (relative to ``/workspace``) exists in the episode's container."""
+        """Whether ``path`` (relative to ``/workspace``) exists in the episode's sandbox."""
         if self._sandbox is None:
             return False
         return await self._sandbox.exists(path)

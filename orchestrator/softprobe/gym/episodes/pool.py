@@ -12,7 +12,8 @@ import asyncio
 import logging
 from collections import deque
 
-from softprobe.gym.providers.base import Sandbox, SandboxBackend, SandboxSpec
+from softprobe.gym.providers.base import Provider, SandboxSpec
+from softprobe.gym.shim.runtime import Runtime
 
 log = logging.getLogger("softprobe.gym.episodes.pool")
 
@@ -20,11 +21,11 @@ log = logging.getLogger("softprobe.gym.episodes.pool")
 class WarmPool:
     """Keeps ``size`` started, unseeded sandboxes of ``spec`` ready."""
 
-    def __init__(self, backend: SandboxBackend, spec: SandboxSpec, size: int) -> None:
-        self._backend = backend
+    def __init__(self, provider: Provider, spec: SandboxSpec, size: int) -> None:
+        self._provider = provider
         self._spec = spec
         self.size = size
-        self._ready: deque[Sandbox] = deque()
+        self._ready: deque[Runtime] = deque()
         self._filling: set[asyncio.Task[None]] = set()
         self._closed = False
         self.started = 0  # containers this pool has started (for tests and the bench)
@@ -34,7 +35,7 @@ class WarmPool:
     def ready(self) -> int:
         return len(self._ready)
 
-    def take(self) -> Sandbox | None:
+    def take(self) -> Runtime | None:
         """A ready sandbox, or None if none is ready (the caller starts one cold). Refills."""
         sandbox = None
         while self._ready:
@@ -61,7 +62,7 @@ class WarmPool:
 
     async def _start_one(self) -> None:
         try:
-            sandbox = await self._backend.start(self._spec)
+            sandbox = await Runtime.start(self._provider, self._spec)
         except Exception as err:  # a failed refill must not break resets: they start cold
             self.failures += 1
             log.warning("warm pool could not start a container: %s", err)

@@ -4,7 +4,11 @@ Layout of ``run_root/episodes/<episode_id>/``:
     episode.json      the episode's id, state, image, container, lineage (updated on changes)
     trajectory.jsonl  one StepResult per line, appended and flushed as each step completes
     result.json       the FinalizeResult (written by finalize)
+    lineage.json      where a forked episode came from
+    checkpoints/      one ``<checkpoint_id>.json`` per checkpoint taken
     workspace/        the final /workspace (written by finalize)
+
+:class:`EpisodeStore` is the only writer of these files.
 """
 
 from __future__ import annotations
@@ -12,12 +16,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from softprobe.gym.errors import ConfigurationError, EpisodeExistsError
+from softprobe.gym.paths import remove_tree
 from softprobe.gym.results import StepResult
 
 EPISODE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -93,6 +96,14 @@ class EpisodeStore:
     def write_result(self, result_json: str) -> None:
         _atomic_write(self.result_path, result_json)
 
+    def write_lineage(self, lineage_json: str) -> None:
+        _atomic_write(self.dir / "lineage.json", lineage_json)
+
+    def write_checkpoint(self, checkpoint_id: str, record_json: str) -> None:
+        folder = self.dir / "checkpoints"
+        folder.mkdir(exist_ok=True)
+        _atomic_write(folder / f"{checkpoint_id}.json", record_json)
+
     def clear_workspace(self) -> None:
         """Delete ``workspace/`` (blocking: call it off the event loop)."""
         remove_tree(self.workspace_path)
@@ -101,29 +112,6 @@ class EpisodeStore:
         """Delete the whole folder (blocking: call it off the event loop)."""
         self.close_trajectory()
         remove_tree(self.dir)
-
-
-def remove_tree(path: Path) -> None:
-    """``rm -rf path`` (blocking), also through folders whose saved mode denies it (a
-    ``chmod 500`` folder copied out of a workspace) and through trees deeper than any path the
-    kernel takes (thousands of folders: ``shutil.rmtree`` recurses past Python's limit on such a
-    tree, and single paths into it are too long). The system's ``chmod -R`` and ``rm -rf`` walk
-    by file descriptor and follow no symlink; ``shutil`` is the fallback without them."""
-    root = os.fspath(path)
-    if not os.path.lexists(root):
-        return
-    if os.path.isdir(root) and not os.path.islink(root):
-        _run_quietly(["chmod", "-R", "u+rwx", "--", root])
-    if not _run_quietly(["rm", "-rf", "--", root]) and os.path.lexists(root):
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _run_quietly(argv: list[str]) -> bool:
-    try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, check=False).returncode == 0
-    except OSError:
-        return False
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -20,13 +20,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-import docker.errors
 from pydantic import BaseModel
 
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN, remove_tree
 from softprobe.gym.errors import GymError
 from softprobe.gym.training.export import trajectory_steps
-from softprobe.gym.episodes.host import create_host_environment
+from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.training.session import RolloutResult, create_training_session
 from softprobe.gym.training.splits import assert_no_leakage, partition_train_eval
 from softprobe.gym.evals.suite import Suite, SuiteError, Task
@@ -101,7 +100,6 @@ def preflight_suite(suite: Suite) -> None:
         DockerUnavailableError / ImageBuildError: no engine answers, or building failed.
     """
     from softprobe.gym.providers.docker.images import ensure_image
-    from softprobe.gym.providers.docker.provider import connect_docker
 
     problems = []
     folders: list[tuple[tuple[str | int, ...], Path | None]] = [(("seed",), suite.seed)]
@@ -117,17 +115,11 @@ def preflight_suite(suite: Suite) -> None:
                 suite.policy(task)
             except SuiteError as err:
                 problems.append(f"{suite.where('tasks', i, 'policy')}: tasks.{i}.policy: {err}")
-    ensure_image(suite.image, log=lambda line: print(line, file=sys.stderr))
-    client = connect_docker()
-    try:
-        client.images.get(suite.image)
-    except docker.errors.ImageNotFound:
+    if not ensure_image(suite.image, log=lambda line: print(line, file=sys.stderr)):
         problems.append(
             f"{suite.where('image')}: image: {suite.image!r} is not on this Docker engine; build or "
             "pull it, or name an image the engine has"
         )
-    finally:
-        client.close()
     if problems:
         raise SuiteError("the suite cannot run; nothing was started or written:\n" + "\n".join(problems))
 

@@ -1,21 +1,30 @@
-"""The one interface between the host and wherever episode containers run.
+"""The provider seam: where sandboxes run, and the handle to one that runs.
 
-The host only ever talks to a :class:`SandboxBackend` (which starts sandboxes) and the
-:class:`Sandbox` handles it returns (which run tools through the shim). Docker is the provider
-in ``docker_backend.py``; nothing outside ``sandbox/`` imports ``docker``.
+A :class:`Provider` knows *where*: it starts a sandbox from an image and a seed, commits and
+removes images, and sweeps what dead owners left. A :class:`Sandbox` is one running sandbox: a
+line channel to the shim inside it, plus copying files out and removing it. Nothing here knows
+the shim's protocol; :class:`~softprobe.gym.shim.runtime.Runtime` speaks it over any provider's
+channel, so the host never depends on where its episodes run.
+
+Providers: ``docker/`` (containers on a Docker engine; the only package that imports ``docker``)
+and ``local/`` (the shim as a subprocess in a private folder: for development and tests, not for
+untrusted agents).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from softprobe.gym.errors import CapabilityError
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.settings import ContainerSettings
-from softprobe.gym.shim.protocol import CallResult, HelloResult
+from softprobe.gym.shim.client import LineChannel
+
+#: Where the workspace is, as the agent and the host's records name it.
+WORKSPACE = "/workspace"
 
 
 class SandboxSpec(BaseModel):
@@ -32,65 +41,27 @@ class SandboxSpec(BaseModel):
 
 
 class Sandbox(ABC):
-    """One running container with a live shim. Calls on one sandbox are served one at a time."""
+    """One running sandbox whose main process is the shim.
+
+    Attributes:
+        sandbox_id: the provider's id for it (a container id for Docker).
+        image_id: the id of the image it was started from.
+        channel: the line channel to the shim, open from start until :meth:`remove`.
+        pending_seed: seed files (a tar, names relative to the workspace) the shim must extract
+            before the first step, or None. A provider may send small seeds this way rather than
+            copying them in before start; :class:`~softprobe.gym.shim.runtime.Runtime` does it.
+    """
 
     sandbox_id: str
     image_id: str
-    hello: HelloResult
-
-    @abstractmethod
-    async def call_tool(
-        self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int
-    ) -> CallResult:
-        """Run one tool and return its result. Never retried: a tool may have had effects.
-
-        Args:
-            tool: the tool name.
-            args: its JSON arguments.
-            timeout_s: the tool's processes are killed (whole process group) after this long;
-                the result then carries a ``timeout`` error.
-            output_cap: bytes of output kept; the rest is cut around a visible marker.
-
-        Raises:
-            SandboxLostError: the container or shim died, or no answer came within
-                ``timeout_s`` plus a grace period. The sandbox is unusable afterwards.
-        """
-
-    @abstractmethod
-    async def seed(self, seed_root: Path | None) -> HelloResult:
-        """Copy ``seed_root`` into the workspace of this started sandbox; return the new hello.
-
-        Used on containers started without seed files (the warm pool).
-        """
-
-    @abstractmethod
-    async def rescan(self) -> str:
-        """The workspace digest from a full walk, after killing every process but the shim.
-
-        What ``finalize`` and ``checkpoint`` record: it trusts no incremental tracking.
-
-        Raises:
-            SandboxLostError: as for ``call_tool``.
-        """
-
-    @abstractmethod
-    async def exists(self, path: str) -> bool:
-        """Whether ``path`` (relative to the workspace) exists. Raises SandboxLostError."""
-
-    @abstractmethod
-    async def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str:
-        """The first ``max_bytes`` of a workspace file as text (invalid UTF-8 replaced).
-
-        Raises:
-            SandboxError: the file does not exist or is outside the workspace.
-            SandboxLostError: as for ``call_tool``.
-        """
+    channel: LineChannel
+    pending_seed: bytes | None = None
 
     @abstractmethod
     async def copy_out(
         self, path: str, destination: Path, *, byte_budget: int | None = None
     ) -> list[SkippedMember]:
-        """Copy ``path`` (a directory in the container) to ``destination/<basename>`` on the host.
+        """Copy ``path`` (a folder in the sandbox) to ``destination/<basename>`` on the host.
 
         Nothing is written, and no link made, that leads outside ``destination/<basename>``.
         Permission bits are kept (setuid, setgid and sticky dropped); sparse files stay sparse.
@@ -103,32 +74,13 @@ class Sandbox(ABC):
             SandboxError: the copy failed.
         """
 
-    @abstractmethod
-    async def commit(self, *, labels: dict[str, str], max_bytes: int | None = None) -> str:
-        """Snapshot the container's filesystem as a new image carrying ``labels``; return its id.
-
-        Only called between tool calls, when no process of a tool is running. Chains of commits
-        (checkpoint, fork from it, checkpoint again...) never hit the storage driver's layer
-        limit: a provider flattens the image before it would.
-
-        Args:
-            max_bytes: refuse when the container's filesystem changes (apparent size, so a
-                sparse file counts at its full length, as an image layer would store it) exceed
-                this; checked before anything is committed.
-
-        Raises:
-            CheckpointTooLargeError: the changes exceed ``max_bytes``; nothing was committed.
-            SandboxError: the commit failed (after retries).
-        """
+    async def why_lost(self, reason: str) -> str:
+        """``reason`` (the channel broke), plus whatever the provider knows about why."""
+        return reason
 
     @abstractmethod
     async def remove(self) -> None:
-        """Stop and delete the container. Idempotent; never raises for an already-gone one."""
-
-    @property
-    @abstractmethod
-    def lost(self) -> str | None:
-        """Why the sandbox stopped working, or None while it works."""
+        """Stop the sandbox and delete it. Idempotent; never raises for one already gone."""
 
 
 class SweepReport(BaseModel):
@@ -140,40 +92,101 @@ class SweepReport(BaseModel):
     kept_other_host: int = 0
 
 
-class SandboxBackend(ABC):
-    """Starts sandboxes and cleans up after them."""
+class Provider(ABC):
+    """Starts sandboxes and cleans up after them.
+
+    Every sandbox and image a provider makes carries the labels it is given plus the owner
+    (this process), so :meth:`sweep` removes exactly what dead owners left.
+
+    Attributes:
+        name: the provider's registered name (``"docker"``, ``"local"``).
+        supports_commit: whether :meth:`commit` works (the ``environment_checkpoint``
+            capability needs it).
+    """
+
+    name: str = "provider"
+    supports_commit: bool = False
 
     def check_settings(self, settings: ContainerSettings) -> None:
         """Raise ConfigurationError for settings this provider cannot honour (default: none)."""
 
     @abstractmethod
     async def start(self, spec: SandboxSpec) -> Sandbox:
-        """Start a container from ``spec.image``, copy ``spec.seed_root`` into ``/workspace``,
-        start the shim and complete its handshake.
+        """Start a sandbox from ``spec.image`` with the seed in its workspace and the shim as
+        its main process; return it with the channel open (the handshake is the runtime's).
 
         Raises:
-            ImageNotFoundError: the image does not exist on the engine.
-            SandboxStartError: the container started but the shim did not come up.
-            DockerUnavailableError / SandboxError: the engine failed (after retries).
+            ImageNotFoundError: the image does not exist where this provider runs.
+            SandboxStartError / SandboxError: the sandbox could not be started (after retries).
         """
 
     @abstractmethod
-    async def remove_labelled(self, labels: dict[str, str]) -> list[str]:
-        """Remove every container carrying all of ``labels``; return their ids."""
+    async def seed_archive(self, sandbox: Sandbox, seed_root: Path) -> bytes | None:
+        """``seed_root`` as a tar the shim of ``sandbox`` extracts into its workspace (names
+        relative to it), or None for an empty folder. Used on sandboxes started without seed
+        files (the warm pool)."""
+
+    async def commit(self, sandbox: Sandbox, *, labels: dict[str, str], max_bytes: int | None = None) -> str:
+        """Snapshot the sandbox's filesystem as a new image carrying ``labels``; return its id.
+
+        Only called between tool calls, when no process of a tool is running. Chains of commits
+        (checkpoint, fork from it, checkpoint again...) never hit a storage limit on layers: a
+        provider flattens the image before it would.
+
+        Args:
+            max_bytes: refuse when the sandbox's filesystem changes (apparent size, so a sparse
+                file counts at its full length) exceed this; checked before anything is committed.
+
+        Raises:
+            CapabilityError: this provider cannot commit (see ``supports_commit``).
+            CheckpointTooLargeError: the changes exceed ``max_bytes``; nothing was committed.
+            SandboxError: the commit failed (after retries).
+        """
+        raise CapabilityError(f"the {self.name} provider cannot commit a sandbox (no checkpoints)")
 
     @abstractmethod
     async def remove_image(self, image_id: str) -> bool:
         """Delete an image this library created; True if it is gone (or was already).
 
-        False when it is still needed (a container runs from it, or an image is built on it):
+        False when it is still needed (a sandbox runs from it, or an image is built on it):
         then nothing is removed and the caller may try again later.
         """
 
     @abstractmethod
+    async def remove_labelled(self, labels: dict[str, str]) -> list[str]:
+        """Remove every sandbox of this owner carrying all of ``labels``; return their ids."""
+
+    @abstractmethod
     async def sweep(self, *, everything: bool = False, dry_run: bool = False) -> SweepReport:
-        """Remove containers and images left by owners that are gone (all of ours with
+        """Remove sandboxes and images left by owners that are gone (all of ours with
         ``everything``). Never touches anything without our labels."""
+
+    async def resolve_image(self, image: str) -> str | None:
+        """The id of ``image`` where this provider runs, or None if it is not there."""
+        return image
+
+    async def save_image(self, image: str) -> bytes:
+        """``image`` as an archive :meth:`load_image` of another provider of this kind accepts.
+
+        Raises:
+            CapabilityError: this provider cannot move images between machines.
+        """
+        raise CapabilityError(f"the {self.name} provider cannot save images")
+
+    async def load_image(self, archive: bytes) -> list[str]:
+        """Load images saved by :meth:`save_image`; return their ids.
+
+        Raises:
+            CapabilityError: this provider cannot move images between machines.
+        """
+        raise CapabilityError(f"the {self.name} provider cannot load images")
 
     @abstractmethod
     async def close(self) -> None:
-        """Release the backend's own resources (connections, threads)."""
+        """Release the provider's own resources (connections, threads)."""
+
+    def discard(self) -> None:
+        """Release the provider's resources without an event loop (a failed construction)."""
+
+
+__all__ = ["Provider", "Sandbox", "SandboxSpec", "SweepReport", "WORKSPACE"]

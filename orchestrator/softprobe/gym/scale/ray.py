@@ -22,8 +22,12 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment
+from softprobe.gym.episodes.forking import ForkResult
 from softprobe.gym.errors import GymError
-from softprobe.gym.episodes.host import create_host_environment
+from softprobe.gym.providers.docker.provider import DockerProvider
+from softprobe.gym.results import CheckpointRecord, EpisodeHandle, FinalizeResult, ResetResult, StepResult
+from softprobe.gym.settings import Capabilities
 from softprobe.gym.training.session import RolloutResult, create_training_session
 
 
@@ -92,7 +96,7 @@ class HostActor:
     async def _ensure(self) -> Any:
         if self._host is None:
             self._host = create_host_environment(**self._options)
-            await self._host._backend.sweep()  # what a dead predecessor on this node left
+            await self._host.provider.sweep()  # what a dead predecessor on this node left
         return self._host
 
     async def info(self) -> dict[str, Any]:
@@ -109,17 +113,11 @@ class HostActor:
 
     async def image_id(self, image: str) -> str | None:
         host = await self._ensure()
-        client = host._backend.client
-        try:
-            return str(await host._backend._run(lambda: client.images.get(image).id))
-        except Exception:  # docker.errors.ImageNotFound and friends: the image is not here
-            return None
+        return await host.provider.resolve_image(image)
 
     async def load_image(self, blob: bytes) -> list[str]:
         host = await self._ensure()
-        client = host._backend.client
-        images = await host._backend._run(client.images.load, blob)
-        return [image.id for image in images]
+        return await host.provider.load_image(blob)
 
     async def rollout(self, spec: dict[str, Any]) -> RolloutResult:
         host = await self._ensure()
@@ -157,16 +155,21 @@ class _Node:
 
 
 class DistributedHost:
-    """The host API over a Ray cluster. Create it with :meth:`connect`.
+    """The :class:`~softprobe.gym.episodes.protocol.Host` over a Ray cluster. Create it with
+    :meth:`connect`.
 
     ``create_episode``, ``reset``, ``step``, ``checkpoint``, ``fork``, ``finalize`` and ``destroy``
-    take the same arguments as on :class:`HostEnvironment`; ``run_rollouts`` runs many training
-    rollouts across the nodes.
+    behave as on :class:`HostEnvironment` (the Host protocol holds their contract);
+    ``run_rollouts`` runs many training rollouts across the nodes.
     """
 
     def __init__(self, nodes: list[_Node], host_options: dict[str, Any]) -> None:
         self._nodes = nodes
         self._options = host_options
+        declared = host_options.get("capabilities")
+        self._capabilities = declared if isinstance(declared, Capabilities) else Capabilities(**(declared or {}))
+        # The driver's engine: where seed images are shipped from.
+        self._driver = DockerProvider(docker_host=host_options.get("docker_host"))
         self._owner: dict[str, _Node] = {}
         self._blobs: dict[str, bytes] = {}
         self.placements: dict[str, str] = {}  # episode id -> node id, for every episode placed
@@ -193,10 +196,17 @@ class DistributedHost:
         return cls(nodes, host_options)
 
     @property
+    def capabilities(self) -> Capabilities:
+        """What every node's host declares."""
+        return self._capabilities
+
+    @property
     def nodes(self) -> list[str]:
+        """The ids of the nodes still alive."""
         return [n.node_id for n in self._nodes if n.lost is None]
 
     def node_of(self, episode_id: str) -> str:
+        """The node that owns ``episode_id``."""
         return self._owner[episode_id].node_id
 
     def _least_loaded(self) -> _Node:
@@ -220,42 +230,26 @@ class DistributedHost:
 
         Checked once per node; the driver's Docker calls run off the event loop.
         """
-        image = self._options.get("image", "softprobe/base:latest")
+        image = self._options.get("image", DEFAULT_IMAGE)
         async with node.lock:
             if image in node.images:
                 return
             present = await self._on(node, None, node.actor.image_id.remote(image))
-            wanted = await asyncio.to_thread(self._driver_image_id, image)
+            wanted = await self._driver.resolve_image(image)
             if present is None or (wanted is not None and present != wanted):
-                blob = await asyncio.to_thread(self._image_blob, image)
+                blob = await self._image_blob(image)
                 await self._on(node, None, node.actor.load_image.remote(ray.put(blob)))
             node.images.add(image)
 
-    def _driver_image_id(self, image: str) -> str | None:
-        """The image's id on the driver's engine, or None (then a saved copy is what ships)."""
-        import docker
-
-        client = docker.from_env()
-        try:
-            return str(client.images.get(image).id)
-        except docker.errors.ImageNotFound:
-            return None
-        finally:
-            client.close()
-
-    def _image_blob(self, image: str) -> bytes:
-        """``docker save`` of the image, made once per image."""
+    async def _image_blob(self, image: str) -> bytes:
+        """The saved image (``docker save``), made once per image."""
         if image not in self._blobs:
-            import docker
-
-            client = docker.from_env()
-            try:
-                self._blobs[image] = b"".join(client.images.get(image).save(named=True))
-            finally:
-                client.close()
+            self._blobs[image] = await self._driver.save_image(image)
         return self._blobs[image]
 
-    async def create_episode(self, *, episode_id: str | None = None, **kwargs: Any) -> Any:
+    async def create_episode(self, *, episode_id: str | None = None, **kwargs: Any) -> EpisodeHandle:
+        """See :meth:`Host.create_episode`: placed on the least-loaded node, whose engine gets
+        the seed image first if it lacks it; also NodeLostError."""
         node = self._least_loaded()
         await self._ship_image(node)
         handle = await self._on(node, episode_id, node.actor.call.remote("create_episode", dict(kwargs, episode_id=episode_id)))
@@ -270,26 +264,36 @@ class DistributedHost:
             raise GymError(f"no episode {episode_id!r} on this cluster (or its node was lost)")
         return await self._on(node, episode_id, node.actor.call.remote(method, dict(kwargs, episode_id=episode_id)))
 
-    async def reset(self, *, episode_id: str) -> Any:
-        return await self._route("reset", episode_id)
+    async def reset(self, *, episode_id: str) -> ResetResult:
+        """See :meth:`Host.reset`; also NodeLostError."""
+        result: ResetResult = await self._route("reset", episode_id)
+        return result
 
-    async def step(self, *, episode_id: str, action: Any) -> Any:
-        return await self._route("step", episode_id, action=action)
+    async def step(self, *, episode_id: str, action: Any) -> StepResult:
+        """See :meth:`Host.step`; also NodeLostError."""
+        result: StepResult = await self._route("step", episode_id, action=action)
+        return result
 
-    async def checkpoint(self, *, episode_id: str) -> Any:
-        return await self._route("checkpoint", episode_id)
+    async def checkpoint(self, *, episode_id: str) -> CheckpointRecord:
+        """See :meth:`Host.checkpoint`; also NodeLostError."""
+        result: CheckpointRecord = await self._route("checkpoint", episode_id)
+        return result
 
-    async def finalize(self, *, episode_id: str) -> Any:
-        return await self._route("finalize", episode_id)
+    async def finalize(self, *, episode_id: str) -> FinalizeResult:
+        """See :meth:`Host.finalize`; also NodeLostError."""
+        result: FinalizeResult = await self._route("finalize", episode_id)
+        return result
 
-    async def fork(self, *, episode_id: str, **kwargs: Any) -> Any:
-        child = await self._route("fork", episode_id, **kwargs)
+    async def fork(self, *, episode_id: str, **kwargs: Any) -> ForkResult:
+        """See :meth:`Host.fork`: the child stays on the parent's node; also NodeLostError."""
+        child: ForkResult = await self._route("fork", episode_id, **kwargs)
         node = self._owner[episode_id]  # forks stay on the parent's node (checkpoints live there)
         node.episodes.add(child.episode_id)
         self._owner[child.episode_id] = node
         return child
 
     async def destroy(self, *, episode_id: str, cleanup: bool = False) -> None:
+        """See :meth:`Host.destroy`; also NodeLostError."""
         await self._route("destroy", episode_id, cleanup=cleanup)
         node = self._owner.pop(episode_id)
         node.episodes.discard(episode_id)
@@ -343,3 +347,4 @@ class DistributedHost:
                 except RayActorError:
                     pass
             ray.kill(node.actor, no_restart=True)
+        await self._driver.close()

@@ -36,7 +36,7 @@ from gymnasium import spaces
 
 from softprobe.gym.actions import loads_action
 from softprobe.gym.errors import InvalidActionError
-from softprobe.gym.episodes.host import DEFAULT_IMAGE, create_host_environment
+from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment
 from softprobe.gym.training.rewards import Aggregate, RewardFrom, RewardTracker
 
 T = TypeVar("T")

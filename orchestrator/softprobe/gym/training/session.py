@@ -115,7 +115,7 @@ class TrainingSession:
             try:
                 self.host.state(episode_id=self.episode_id)
                 if self.max_steps is not None:
-                    self.host._episodes[self.episode_id].max_steps = self.max_steps
+                    self.host.set_max_steps(episode_id=self.episode_id, max_steps=self.max_steps)
                 self._ready = True
                 return
             except EpisodeNotFoundError:
@@ -176,7 +176,7 @@ class TrainingSession:
                     break
                 # Rewards are scored inside the step, so its trajectory line carries them.
                 score = self.rewards.score if self.rewards is not None else None
-                result = await self.host._step(episode_id, action, score=score)
+                result = await self.host.step(episode_id=episode_id, action=action, score=score)
                 self._steps.append(result)
             except GymError as err:
                 # A step that ran and then failed (on_step or reward_from raised) is recorded by

@@ -32,7 +32,7 @@ import docker.errors
 
 from softprobe.gym import labels as L
 from softprobe.gym.errors import ImageBuildError
-from softprobe.gym.providers.docker.provider import connect_docker
+from softprobe.gym.providers.docker.engine import connect_docker
 from softprobe.gym.shim import SHIM_PROGRAM, SHIM_SHA256
 
 PUBLIC_PYTHON_IMAGE = "python:3.12-slim"
@@ -102,18 +102,25 @@ def build_images(
     return outcomes
 
 
-def ensure_image(image: str, *, mode: Mode = "auto", log: Log = print) -> None:
-    """Build the project's images if ``image`` is one of them and missing."""
+def ensure_image(image: str, *, mode: Mode = "auto", log: Log = print) -> bool:
+    """Build the project's images if ``image`` is one of them and missing; return whether
+    ``image`` is on the engine now (False: not ours, and missing).
+
+    Raises:
+        DockerUnavailableError: no engine answers.
+        ImageBuildError: building failed.
+    """
     client = connect_docker()
     try:
-        client.images.get(image)
-        return
-    except docker.errors.ImageNotFound:
-        pass
-    if image not in {spec.tag for spec in SPECS}:
-        return  # not ours: the host reports it as missing
-    log(f"{image} is missing; building the project's images (first use only)...")
-    build_images(mode=mode, log=log, client=client)
+        if _has_image(client, image):
+            return True
+        if image not in {spec.tag for spec in SPECS}:
+            return False  # not ours: the caller reports it as missing
+        log(f"{image} is missing; building the project's images (first use only)...")
+        build_images(mode=mode, log=log, client=client)
+        return True
+    finally:
+        client.close()
 
 
 # -- the base's parent -------------------------------------------------------------------------

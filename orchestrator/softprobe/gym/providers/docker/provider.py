@@ -1,114 +1,44 @@
-"""The Docker provider of the sandbox interface.
+"""The Docker provider: each sandbox a container with the shim as its main process.
 
-Every blocking Docker call runs on a dedicated thread pool (never on the event loop), and every
-control-plane call is retried on transient errors (see ``retry.py``). Tool calls go over the
-container's attached stdin/stdout to the shim and are never retried.
+Images are resolved (and their user looked up) once; seeds go in by one archive before start,
+or, when small, through the shim after its handshake. Each episode gets uids of its own
+(``uids.py``). Blocking calls run on the engine's thread pool (``engine.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import io
-import json
-import os
 import tarfile
 import tempfile
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+import os
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 import docker
 import docker.errors
-import requests.exceptions
-import urllib3.exceptions
 from docker.types import Ulimit
-from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from softprobe.gym import labels as L
-from softprobe.gym.errors import (
-    CheckpointTooLargeError,
-    ConfigurationError,
-    DockerUnavailableError,
-    ImageNotFoundError,
-    SandboxError,
-    SandboxLostError,
-    SandboxStartError,
-)
-from softprobe.gym.results import SkippedMember
-from softprobe.gym.settings import ContainerSettings, parse_size
-from softprobe.gym.providers.archive import build_seed_archive, safe_extract
+from softprobe.gym.errors import ConfigurationError, ImageNotFoundError, SandboxError
+from softprobe.gym.providers.archive import build_seed_archive
+from softprobe.gym.providers.base import WORKSPACE, Provider, Sandbox, SandboxSpec, SweepReport
 from softprobe.gym.providers.docker.attach_channel import AttachChannel
-from softprobe.gym.providers.base import Sandbox, SandboxBackend, SandboxSpec, SweepReport
-from softprobe.gym.shim.protocol import CallResult, HelloResult
+from softprobe.gym.providers.docker.engine import DockerEngine
+from softprobe.gym.providers.docker.retry import control_plane
+from softprobe.gym.providers.docker.sandbox import DockerSandbox
 from softprobe.gym.providers.docker.uids import EpisodeIds, UidAllocator
-from softprobe.gym.providers.docker.retry import control_plane, is_transient
+from softprobe.gym.settings import ContainerSettings, parse_size
 from softprobe.gym.shim import SHIM_SHA256, shim_source
-from softprobe.gym.shim.client import ShimClient
-
-T = TypeVar("T")
 
 SHIM_PATH = "/opt/softprobe/agent_shim.py"
-WORKSPACE = "/workspace"
-HELLO_TIMEOUT_S = 60.0
 #: overlay2 refuses more than ~125 layers; a commit that would reach this many flattens instead.
 FLATTEN_AT_LAYERS = 100
 #: Seeds up to this size are sent through the shim; larger ones by archive before start.
 SEED_BY_SHIM_MAX = 8 * 1024 * 1024
 NOBODY = 65534
 _SHIM_SOURCE = shim_source()
-
-
-
-def connect_docker(docker_host: str | None = None, *, pool_size: int = 64) -> docker.DockerClient:
-    """A Docker client for ``docker_host``, else ``DOCKER_HOST``, else the current Docker context
-    (how Docker Desktop points the CLI at its socket), else the default socket.
-
-    Connecting is retried briefly on transient errors (an engine restarting or a proxy in
-    between); a unix socket that does not exist fails at once.
-
-    Raises:
-        DockerUnavailableError: nothing answers there.
-    """
-    base_url = docker_host or os.environ.get("DOCKER_HOST") or _context_host()
-    where = base_url or "the default socket (/var/run/docker.sock)"
-    socket_path = (base_url or "unix:///var/run/docker.sock").removeprefix("unix://")
-    missing_socket = (base_url is None or base_url.startswith("unix://")) and not os.path.exists(socket_path)
-
-    @retry(
-        retry=retry_if_exception(lambda err: not missing_socket and isinstance(
-            err, (docker.errors.DockerException, requests.exceptions.RequestException))),
-        wait=wait_random_exponential(multiplier=0.1, max=1.0),
-        stop=stop_after_delay(8),
-        reraise=True,
-    )
-    def connect() -> docker.DockerClient:
-        if base_url:
-            client = docker.DockerClient(base_url=base_url, max_pool_size=pool_size, timeout=120)
-        else:
-            client = docker.from_env(max_pool_size=pool_size, timeout=120)
-        client.ping()
-        return client
-
-    try:
-        return connect()
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
-        raise DockerUnavailableError(
-            f"no Docker engine answers at {where}: {err}. Start Docker (Docker Desktop, or "
-            "`dockerd`), or point DOCKER_HOST / `docker context use` at a running engine."
-        ) from None
-
-
-def _context_host() -> str | None:
-    try:
-        context = docker.ContextAPI.get_current_context()
-    except Exception:  # a broken ~/.docker/config.json must not stop us from trying the default
-        return None
-    if context is None or context.name == "default":
-        return None
-    return context.Host or None
 
 
 @dataclass(frozen=True)
@@ -120,7 +50,7 @@ class _ImageInfo:
     shim_baked: bool
 
 
-class DockerBackend(SandboxBackend):
+class DockerProvider(Provider):
     """Runs each sandbox as a Docker container with the shim as its main process.
 
     Args:
@@ -129,6 +59,9 @@ class DockerBackend(SandboxBackend):
             that many episodes can start, copy and stop at once.
     """
 
+    name = "docker"
+    supports_commit = True
+
     def __init__(
         self,
         *,
@@ -136,26 +69,16 @@ class DockerBackend(SandboxBackend):
         max_workers: int = 32,
         flatten_at_layers: int = FLATTEN_AT_LAYERS,
     ) -> None:
-        self._docker_host = docker_host
+        self.engine = DockerEngine(docker_host=docker_host, max_workers=max_workers)
         self.flatten_at_layers = flatten_at_layers
-        self._max_workers = max_workers
-        self._client: docker.DockerClient | None = None
-        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="softprobe-docker")
         self._image_info: dict[str, _ImageInfo] = {}
         self._uids = UidAllocator()
         self._seed_archives: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
 
-    # -- plumbing ------------------------------------------------------------------------------
-
     @property
     def client(self) -> docker.DockerClient:
-        if self._client is None:
-            self._client = connect_docker(self._docker_host, pool_size=self._max_workers * 2)
-        return self._client
-
-    async def _run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(func, *args, **kwargs))
+        """The engine's Docker client (connected on first use)."""
+        return self.engine.client
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -182,13 +105,13 @@ class DockerBackend(SandboxBackend):
     # -- start ---------------------------------------------------------------------------------
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
-        info = await self._run(self._image_info_for, spec.image, spec.settings.user)
+        info = await self.engine.run(self._image_info_for, spec.image, spec.settings.user)
         seed = spec.seed_root if spec.copy_seed else None
         # Small seeds travel through the shim after start (no extra Docker call); large ones,
         # and the shim itself for images that lack it, go in by one archive before start.
         archive, shim_seed = None, None
         if seed is not None:
-            archive, shim_seed = await self._run(self._prepare_seed, seed, info)
+            archive, shim_seed = await self.engine.run(self._prepare_seed, seed, info)
         # A checkpoint image's shim file is never trusted: the library's own is put over it.
         if archive is None and (not info.shim_baked or not spec.copy_seed):
             archive = build_seed_archive(
@@ -198,48 +121,29 @@ class DockerBackend(SandboxBackend):
             raise SandboxError("a checkpoint image is started without seed files")
         ids = self._uids.allocate(spec.settings, info)
         try:
-            container_id = await self._run(self._create, spec, info, ids)
+            container_id = await self.engine.run(self._create, spec, info, ids)
         except BaseException:
             self._uids.release(ids)
             raise
-        client: ShimClient | None = None
         try:
             if archive is not None:
-                await self._run(self._put_archive, container_id, archive)
-            attach = await self._run(self._attach, container_id)
+                await self.engine.run(self._put_archive, container_id, archive)
+            attach = await self.engine.run(self._attach, container_id)
             try:
                 channel = await AttachChannel.open(attach, max_line_bytes=256 * 1024 * 1024)
-                await self._run(self._start, container_id)
-                client = ShimClient(channel)
-                hello = await client.hello(timeout_s=HELLO_TIMEOUT_S)
+                await self.engine.run(self._start, container_id)
             except BaseException:
                 getattr(attach, "close", lambda: None)()
                 raise
-            if hello.shim_sha256 != SHIM_SHA256:
-                raise SandboxStartError(
-                    f"the shim in a container of {spec.image!r} is not this library's (sha256 "
-                    f"{hello.shim_sha256[:12] or 'unknown'}, expected {SHIM_SHA256[:12]}); rebuild the "
-                    "image with `softprobe-gym images build`"
-                )
-            sandbox = DockerSandbox(self, container_id, info.image_id, client, hello, info.user, ids)
-            if shim_seed is not None:
-                await sandbox.seed_archive(shim_seed)
-        except BaseException as err:
-            # Nothing of a sandbox that did not start may stay: its connection, its container,
-            # its uids.
-            if client is not None:
-                client.close()
+        except BaseException:
+            # Nothing of a sandbox that did not start may stay: its container, its uids.
             try:
-                await asyncio.shield(self._run(self._remove, container_id))
+                await asyncio.shield(self.engine.run(self.engine.remove_container, container_id))
             finally:
                 self._uids.release(ids)
-            if isinstance(err, SandboxLostError):
-                raise SandboxStartError(
-                    f"the shim in a container of {spec.image!r} did not start: {err}. The image needs "
-                    "python3 (>= 3.8) on PATH and a /bin/sh."
-                ) from None
             raise
-        return sandbox
+        return DockerSandbox(self.engine, container_id, info.image_id, channel, info.user, ids, self._uids.release,
+                             pending_seed=shim_seed)
 
     def _image_info_for(self, image: str, user: str | None) -> _ImageInfo:
         try:
@@ -303,7 +207,7 @@ class DockerBackend(SandboxBackend):
         except docker.errors.NotFound:
             return ""
         finally:
-            self._remove(container["Id"])
+            self.engine.remove_container(container["Id"])
 
     def _prepare_seed(self, seed_root: Path, info: _ImageInfo) -> tuple[bytes | None, bytes | None]:
         """The seed as (an archive to put before start, or one for the shim's seed op).
@@ -346,7 +250,7 @@ class DockerBackend(SandboxBackend):
     def _create(self, spec: SandboxSpec, info: _ImageInfo, ids: EpisodeIds) -> str:
         settings = spec.settings
         api = self.client.api
-        host_config = api.create_host_config(**_host_config_kwargs(settings))
+        host_config = api.create_host_config(**host_config_kwargs(settings))
         response = api.create_container(
             info.image_id,
             # -I: no user site, no PYTHON* variables, no script folder on sys.path, so nothing
@@ -380,31 +284,37 @@ class DockerBackend(SandboxBackend):
     def _start(self, container_id: str) -> None:
         self.client.api.start(container_id)
 
-    @control_plane
-    def _container_state(self, container_id: str) -> dict[str, Any]:
-        return dict(self.client.api.inspect_container(container_id).get("State") or {})
+    # -- seeds, commits, images ----------------------------------------------------------------
 
-    def _remove(self, container_id: str) -> None:
-        try:
-            self._remove_with_retry(container_id)
-        except docker.errors.NotFound:
-            pass
+    async def seed_archive(self, sandbox: Sandbox, seed_root: Path) -> bytes | None:
+        return await self.engine.run(self._shim_seed, seed_root)
 
-    @control_plane
-    def _remove_with_retry(self, container_id: str) -> None:
+    async def commit(self, sandbox: Sandbox, *, labels: dict[str, str], max_bytes: int | None = None) -> str:
+        if not isinstance(sandbox, DockerSandbox):
+            raise SandboxError(f"the docker provider cannot commit a {type(sandbox).__name__}")
+        return await self.engine.run(sandbox.commit_image, labels, max_bytes, self.flatten_at_layers)
+
+    async def resolve_image(self, image: str) -> str | None:
         try:
-            self.client.api.remove_container(container_id, force=True, v=True)
-        except docker.errors.APIError as err:
-            # "removal already in progress" means someone else is finishing the job.
-            if err.status_code == 409 and "already in progress" in str(err.explanation):
-                return
-            raise
+            return str((await self.engine.run(self._inspect_image, image))["Id"])
+        except docker.errors.ImageNotFound:
+            return None
+
+    async def save_image(self, image: str) -> bytes:
+        def save() -> bytes:
+            return b"".join(self.client.images.get(image).save(named=True))
+
+        return await self.engine.run(save)
+
+    async def load_image(self, archive: bytes) -> list[str]:
+        loaded = await self.engine.run(self.client.images.load, archive)
+        return [str(image.id) for image in loaded]
 
     # -- cleanup -------------------------------------------------------------------------------
 
     async def remove_labelled(self, labels: dict[str, str]) -> list[str]:
-        ids = await self._run(self._list_containers, labels)
-        await asyncio.gather(*(self._run(self._remove, cid) for cid in ids))
+        ids = await self.engine.run(self._list_containers, labels)
+        await asyncio.gather(*(self.engine.run(self.engine.remove_container, cid) for cid in ids))
         return ids
 
     @control_plane
@@ -413,7 +323,7 @@ class DockerBackend(SandboxBackend):
         return [c["Id"] for c in self.client.api.containers(all=True, filters=filters)]
 
     async def remove_image(self, image_id: str) -> bool:
-        return await self._run(self._remove_image, image_id)
+        return await self.engine.run(self._remove_image, image_id)
 
     def _remove_image(self, image_id: str) -> bool:
         try:
@@ -428,7 +338,7 @@ class DockerBackend(SandboxBackend):
         return True
 
     async def sweep(self, *, everything: bool = False, dry_run: bool = False) -> SweepReport:
-        return await self._run(self._sweep, everything, dry_run)
+        return await self.engine.run(self._sweep, everything, dry_run)
 
     def _sweep(self, everything: bool, dry_run: bool) -> SweepReport:
         report = SweepReport()
@@ -438,7 +348,7 @@ class DockerBackend(SandboxBackend):
             if self._doomed(container.get("Labels") or {}, everything, report):
                 report.removed_containers.append(container["Id"])
                 if not dry_run:
-                    self._remove(container["Id"])
+                    self.engine.remove_container(container["Id"])
         images = control_plane(api.images)(filters={"label": L.CHECKPOINT})
         doomed = [i for i in images if self._doomed(i.get("Labels") or {}, everything, report)]
         report.removed_images.extend(i["Id"] for i in doomed)
@@ -473,10 +383,7 @@ class DockerBackend(SandboxBackend):
 
     def discard(self) -> None:
         """Release the thread pool and the engine connection now (what ``close`` does)."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self.engine.discard()
 
 
 #: What the shim (container-root) keeps: become the agent or tool uid (SETUID/SETGID), kill every
@@ -504,7 +411,7 @@ def _shim_options(settings: ContainerSettings, ids: EpisodeIds) -> list[str]:
     return options
 
 
-def _host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
+def host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
     memory = settings.memory
     kwargs: dict[str, Any] = {
         "network_mode": settings.network,
@@ -541,36 +448,6 @@ def _host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
     return kwargs
 
 
-def _config_changes(config: dict[str, Any], labels: dict[str, str], user: str | None) -> list[str]:
-    """Dockerfile instructions that give an imported image the configuration of ``config``."""
-
-    def quote(value: str) -> str:
-        return json.dumps(value).replace("$", "\\$")
-
-    changes = []
-    for entry in config.get("Env") or []:
-        key, _, value = entry.partition("=")
-        changes.append(f"ENV {key}={quote(value)}")
-    if config.get("WorkingDir"):
-        changes.append(f"WORKDIR {config['WorkingDir']}")
-    if user or config.get("User"):
-        changes.append(f"USER {user or config['User']}")
-    if config.get("Cmd"):
-        changes.append(f"CMD {json.dumps(config['Cmd'])}")
-    merged = dict(config.get("Labels") or {}, **labels)
-    changes.extend(f"LABEL {quote(key)}={quote(value)}" for key, value in merged.items())
-    return changes
-
-
-def _last_json_line(response: Any) -> dict[str, Any]:
-    text = response if isinstance(response, str) else bytes(response).decode("utf-8", "replace")
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    try:
-        return dict(json.loads(lines[-1])) if lines else {}
-    except ValueError:
-        return {"status": text[-300:]}
-
-
 def _tree_signature(root: Path) -> tuple[Any, ...]:
     """Cheap identity of a seed tree: (folder, name, size, mtime, mode) per entry, to know when to
     rebuild its archive (and, summed, how big it is)."""
@@ -586,167 +463,4 @@ def _tree_signature(root: Path) -> tuple[Any, ...]:
     return tuple(entries)
 
 
-class _ChunkReader(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (Docker's archive stream)."""
-
-    def __init__(self, chunks: Any) -> None:
-        self._chunks = iter(chunks)
-        self._chunk = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._chunk:
-            try:
-                self._chunk = memoryview(next(self._chunks))
-            except StopIteration:
-                return 0
-        count = min(len(buffer), len(self._chunk))
-        buffer[:count] = self._chunk[:count]
-        self._chunk = self._chunk[count:]
-        return count
-
-
-class DockerSandbox(Sandbox):
-    """A running episode container and the shim client talking to it."""
-
-    def __init__(
-        self,
-        backend: DockerBackend,
-        container_id: str,
-        image_id: str,
-        client: ShimClient,
-        hello: HelloResult,
-        user: str | None,
-        ids: EpisodeIds,
-    ) -> None:
-        self._backend = backend
-        self.ids = ids
-        self.sandbox_id = container_id
-        self.image_id = image_id
-        self.hello = hello
-        self._user = user
-        self._shim = client
-        self._removed = False
-
-    @property
-    def lost(self) -> str | None:
-        return "the container was removed" if self._removed else self._shim.lost
-
-    async def call_tool(
-        self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int
-    ) -> CallResult:
-        try:
-            return await self._shim.call_tool(
-                tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap
-            )
-        except SandboxLostError as err:
-            raise SandboxLostError(await self._why_lost(str(err))) from None
-
-    async def _why_lost(self, reason: str) -> str:
-        """``reason``, plus what the engine knows: a container the kernel OOM-killed as a whole
-        (under gVisor a memory bomb takes the whole sandbox, not one process)."""
-        try:
-            state = await self._backend._run(self._backend._container_state, self.sandbox_id)
-        except Exception:  # the container may be gone already; the original reason stands
-            return reason
-        if state.get("OOMKilled"):
-            return (f"{reason}; the container ran out of memory and was killed as a whole (raise "
-                    "container memory, or expect this for memory bombs under gVisor)")
-        return reason
-
-    async def seed(self, seed_root: Path | None) -> HelloResult:
-        if seed_root is None:
-            return self.hello
-        archive = await self._backend._run(self._backend._shim_seed, seed_root)
-        return self.hello if archive is None else await self.seed_archive(archive)
-
-    async def seed_archive(self, archive: bytes) -> HelloResult:
-        """Have the shim extract ``archive`` (names relative to the workspace)."""
-        self.hello = await self._shim.seed(archive)
-        return self.hello
-
-    async def rescan(self) -> str:
-        return (await self._shim.rescan()).workspace_digest
-
-    async def exists(self, path: str) -> bool:
-        return await self._shim.exists(path)
-
-    async def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str:
-        return await self._shim.read_text(path, max_bytes=max_bytes)
-
-    async def copy_out(
-        self, path: str, destination: Path, *, byte_budget: int | None = None
-    ) -> list[SkippedMember]:
-        return await self._backend._run(self._copy_out, path, destination, byte_budget)
-
-    def _copy_out(self, path: str, destination: Path, byte_budget: int | None) -> list[SkippedMember]:
-        api = self._backend.client.api
-        try:
-            stream, _ = control_plane(api.get_archive)(self.sandbox_id, path)
-        except docker.errors.APIError as err:
-            raise SandboxError(f"copying {path} out of the container failed: {err}") from None
-        # Extracted as it arrives: never spooled, so the budget bounds what the host stores, and
-        # a budget reached early stops the transfer (closing the stream drops the connection).
-        try:
-            return safe_extract(_ChunkReader(stream), destination, byte_budget=byte_budget)  # type: ignore[arg-type]
-        except (tarfile.TarError, requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as err:
-            raise SandboxError(f"copying {path} out of the container failed: {err}") from None
-        finally:
-            stream.close()
-
-    async def commit(self, *, labels: dict[str, str], max_bytes: int | None = None) -> str:
-        return await self._backend._run(self._commit, labels, max_bytes)
-
-    def _commit(self, labels: dict[str, str], max_bytes: int | None = None) -> str:
-        api = self._backend.client.api
-        if max_bytes is not None:
-            self._check_size(max_bytes)
-        image = control_plane(api.inspect_image)(self.image_id)
-        if len(image["RootFS"]["Layers"]) + 1 >= self._backend.flatten_at_layers:
-            return self._flatten(image["Config"] or {}, labels)
-        # No pause: commit only happens between steps, when no tool process is alive to write.
-        response = control_plane(api.commit)(self.sandbox_id, conf={"Labels": labels}, pause=False)
-        return str(response["Id"])
-
-    def _check_size(self, max_bytes: int) -> None:
-        """Refuse a commit whose layer would exceed ``max_bytes``. Docker's ``SizeRw`` is the
-        apparent size of the container's changes: what ``docker commit`` copies into the layer."""
-        api = self._backend.client.api
-        listed = control_plane(api.containers)(all=True, filters={"id": self.sandbox_id}, size=True)
-        size = int((listed[0].get("SizeRw") if listed else 0) or 0)
-        if size > max_bytes:
-            raise CheckpointTooLargeError(
-                f"the container's filesystem changes are {size} bytes, over the checkpoint budget "
-                f"of {max_bytes} bytes (checkpoint_budget_bytes); nothing was committed. Delete "
-                "large files first (sparse files count at their full length), or raise the budget.",
-                size_bytes=size,
-                budget_bytes=max_bytes,
-            )
-
-    def _flatten(self, config: dict[str, Any], labels: dict[str, str]) -> str:
-        """Snapshot as a one-layer image: export the container's filesystem, import it with the
-        image's configuration. Slower than a commit, so only used when a commit chain gets deep."""
-        api = self._backend.client.api
-        changes = _config_changes(config, labels, self._user)
-        exported = api.export(self.sandbox_id)
-        response = api.import_image_from_stream(exported, changes=changes)
-        status = _last_json_line(response)
-        image_id = status.get("status", "")
-        if not image_id.startswith("sha256:"):
-            raise SandboxError(f"flattening the checkpoint failed: {status}")
-        return image_id
-
-    async def remove(self) -> None:
-        if self._removed:
-            return
-        self._removed = True
-        self._shim.close()
-        try:
-            await asyncio.shield(self._backend._run(self._backend._remove, self.sandbox_id))
-        finally:
-            self._backend._uids.release(self.ids)
-
-
-__all__ = ["DockerBackend", "DockerSandbox", "connect_docker", "is_transient"]
+__all__ = ["DockerProvider"]

@@ -1,0 +1,149 @@
+"""Checkpoints: committing an episode's sandbox, remembering the trajectory it was taken at, and
+removing its image once nobody can use it any more (reference counted by the episodes whose
+sandbox runs from it)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from softprobe.gym import labels as L
+from softprobe.gym.episodes.registry import Episode, EpisodeRegistry
+from softprobe.gym.errors import ForkRequestError, SubjectStateError
+from softprobe.gym.providers.base import Provider
+from softprobe.gym.results import CheckpointRecord, StepResult
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint's record, the trajectory it was taken at, and who still needs its image."""
+
+    record: CheckpointRecord
+    steps: list[StepResult]
+    initial_digest: str
+    users: set[str] = field(default_factory=set)  # episodes whose sandbox runs from it
+    released: bool = False  # its episode was destroyed: no new fork can name it
+
+
+class CheckpointRegistry:
+    """The checkpoints of one host and their images."""
+
+    def __init__(self, provider: Provider, registry: EpisodeRegistry) -> None:
+        self._provider = provider
+        self._registry = registry
+        self._entries: dict[str, Checkpoint] = {}
+        self._collect_lock = asyncio.Lock()  # concurrent destroys must not race over images
+
+    async def take(self, episode: Episode, *, subject: Any) -> CheckpointRecord:
+        """Commit ``episode``'s sandbox (called under its lock, with a live runtime).
+
+        The subject's state is exported first: if that fails there is no image to clean up.
+        What is committed is described by a digest taken now, after a sweep, not by the last
+        step's (incremental) one.
+
+        Raises:
+            SubjectStateError: ``subject.export_state`` raised (nothing is committed).
+            CheckpointTooLargeError / SandboxLostError / SandboxError: from the commit.
+            LifecycleError: the episode was destroyed meanwhile (an image made is removed).
+        """
+        checkpoint_id = f"ckpt-{uuid.uuid4().hex[:16]}"
+        labels = self._registry.labels(episode.episode_id) | {L.CHECKPOINT: checkpoint_id}
+        subject_state = None
+        if subject is not None:
+            try:
+                subject_state = await maybe_await(subject.export_state(episode.episode_id))
+            except Exception as err:
+                raise SubjectStateError(
+                    f"checkpoint of {episode.episode_id!r}: subject.export_state raised "
+                    f"{type(err).__name__}: {err}. Nothing was committed; the episode goes on "
+                    "unchanged. Fix the subject adapter, then checkpoint again."
+                ) from err
+            episode.require_not_destroyed("checkpoint")
+        runtime = episode.live_runtime("checkpoint")
+        workspace_digest = await runtime.rescan()
+        image_id = await runtime.commit(labels=labels, max_bytes=self._registry.config.checkpoint_budget_bytes)
+        try:
+            episode.require_not_destroyed("checkpoint")
+        except BaseException:
+            # Nobody will ever own this image: remove it rather than leak it.
+            await asyncio.shield(self._provider.remove_image(image_id))
+            raise
+        episode.workspace_digest = workspace_digest
+        record = CheckpointRecord(
+            checkpoint_id=checkpoint_id,
+            episode_id=episode.episode_id,
+            step_index=len(episode.steps),
+            image_id=image_id,
+            workspace_digest=workspace_digest,
+            subject_state=subject_state,
+            created_at=datetime.now(timezone.utc),
+        )
+        self._entries[checkpoint_id] = Checkpoint(record, list(episode.steps), episode.initial_digest)
+        episode.checkpoints.append(checkpoint_id)
+        episode.store.write_checkpoint(checkpoint_id, record.model_dump_json(indent=2))
+        return record
+
+    def of(self, episode: Episode, checkpoint_id: object) -> Checkpoint:
+        """The checkpoint ``checkpoint_id`` of ``episode``, or ForkRequestError."""
+        entry = self._entries.get(checkpoint_id) if isinstance(checkpoint_id, str) else None
+        if entry is None or entry.record.episode_id != episode.episode_id:
+            raise ForkRequestError(
+                f"checkpoint_import needs checkpoint_id= a checkpoint of episode "
+                f"{episode.episode_id!r}; {checkpoint_id!r} is not one (its checkpoints: "
+                f"{', '.join(episode.checkpoints) or 'none'})"
+            )
+        return entry
+
+    def use(self, entry: Checkpoint, episode: Episode) -> None:
+        """``episode``'s sandbox runs from ``entry``'s image: keep the image."""
+        entry.users.add(episode.episode_id)
+        episode.source_checkpoint = entry.record.checkpoint_id
+
+    async def stop_using(self, checkpoint_id: str | None, episode_id: str) -> None:
+        """The sandbox of ``episode_id`` no longer runs from ``checkpoint_id``'s image."""
+        entry = self._entries.get(checkpoint_id) if checkpoint_id is not None else None
+        if entry is not None:
+            entry.users.discard(episode_id)
+            await self.collect()
+
+    async def release(self, episode: Episode) -> None:
+        """``episode`` is destroyed: its checkpoints can no longer be forked from."""
+        for checkpoint_id in episode.checkpoints:
+            entry = self._entries.get(checkpoint_id)
+            if entry is not None:
+                entry.released = True
+        await self.collect()
+
+    async def collect(self) -> None:
+        """Remove the images of checkpoints nobody can use any more: their episode is destroyed
+        and no sandbox runs from them. Newest first, since a checkpoint taken in a forked child
+        is built on its parent's image and engines remove parents only after their children."""
+        async with self._collect_lock:
+            while True:
+                unused = [entry for entry in self._entries.values() if entry.released and not entry.users]
+                unused.sort(key=lambda entry: entry.record.created_at, reverse=True)
+                removed = 0
+                for entry in unused:
+                    if await self._provider.remove_image(entry.record.image_id):
+                        self._entries.pop(entry.record.checkpoint_id, None)
+                        removed += 1
+                if not removed or removed == len(unused):
+                    return
+
+    def remaining_images(self) -> list[str]:
+        """Images of checkpoints still held (after close: the ones that could not be removed)."""
+        return [entry.record.image_id for entry in self._entries.values()]
+
+
+async def maybe_await(value: Any) -> Any:
+    """``value``, awaited first if it is awaitable (subject adapters may be sync or async)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+__all__ = ["Checkpoint", "CheckpointRegistry", "maybe_await"]

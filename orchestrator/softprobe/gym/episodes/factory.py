@@ -1,0 +1,145 @@
+"""``create_host_environment``: keyword arguments in, a validated config and a host out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from softprobe.gym.episodes.config import (
+    DEFAULT_ARTIFACT_BUDGET_BYTES,
+    DEFAULT_CHECKPOINT_BUDGET_BYTES,
+    DEFAULT_IMAGE,
+    HostConfig,
+)
+from softprobe.gym.episodes.hooks import OnStepHook
+from softprobe.gym.episodes.host import HostEnvironment
+from softprobe.gym.errors import ConfigurationError
+from softprobe.gym.providers.base import Provider
+from softprobe.gym.settings import Capabilities, ContainerSettings
+
+
+def create_host_environment(
+    *,
+    run_root: str | Path,
+    seed_root: str | Path | None = None,
+    image: str = DEFAULT_IMAGE,
+    capabilities: Capabilities | dict[str, bool] | None = None,
+    on_step: OnStepHook | None = None,
+    subject: Any = None,
+    container: ContainerSettings | dict[str, Any] | None = None,
+    tool_timeout_s: float = 30.0,
+    max_tool_timeout_s: float = 600.0,
+    output_cap_bytes: int = 1024 * 1024,
+    max_steps: int | None = None,
+    docker_host: str | None = None,
+    provider: Provider | None = None,
+    backend: Provider | None = None,
+    sweep_on_start: bool = True,
+    pool_size: int = 0,
+    max_containers: int | None = None,
+    workspace_tracking: str = "inotify",
+    artifact_budget_bytes: int | None = DEFAULT_ARTIFACT_BUDGET_BYTES,
+    checkpoint_budget_bytes: int | None = DEFAULT_CHECKPOINT_BUDGET_BYTES,
+) -> HostEnvironment:
+    """Create a host that runs each episode in its own sandbox (a Docker container by default).
+
+    A convenience over :class:`HostConfig` (which holds the same options as one model) and
+    :meth:`HostEnvironment.__init__`.
+
+    Args:
+        run_root: folder for per-episode logs and artifacts (created if missing).
+        seed_root: folder copied into ``/workspace`` on every reset; ``None`` for an empty one.
+        image: the seed image (default ``softprobe/base:latest``; build it with
+            ``softprobe-gym images build``). Any image with ``python3`` and ``/bin/sh`` works.
+        capabilities: what the host declares (see :class:`Capabilities`); the Docker default is
+            checkpoint and prefix re-execution, no subject state import.
+        on_step: ``hook(ctx)`` (sync or async) run after every step; its dict is merged into
+            ``result.diagnostics``. ``ctx`` has ``episode_id``, ``action``, ``result`` and the
+            async helpers ``exists(path)`` and ``read_text(path)``.
+        subject: needed with ``subject_state_import``: an object with ``export_state(episode_id)``
+            and ``import_state(episode_id, state)``, sync or async.
+        container: :class:`ContainerSettings` (or a dict of them) to relax the secure defaults.
+        tool_timeout_s: default time limit of a tool call.
+        max_tool_timeout_s: the most a ``shell.exec`` may ask for with its ``timeout_s``.
+        output_cap_bytes: bytes of tool output kept per step (head and tail around a marker).
+        max_steps: steps after which the episode is truncated (``truncated=True``).
+        docker_host: Docker engine address; default ``DOCKER_HOST``, then the current Docker
+            context, then the default socket.
+        provider: where sandboxes run: a :class:`~softprobe.gym.providers.base.Provider` such as
+            ``LocalProvider()`` (development and tests; not for untrusted agents). Default: a
+            Docker provider for ``docker_host``.
+        backend: the older name of ``provider``.
+        sweep_on_start: on first use, remove containers and images left by host processes of
+            this machine that are gone.
+        pool_size: keep this many containers started ahead (a warm pool): a reset then only
+            copies the seed files into one. Each pooled container serves one episode only.
+        max_containers: at most this many episodes hold a container at once; further resets
+            wait for a finalize or destroy (the warm pool comes on top).
+        workspace_tracking: how the shim keeps ``workspace_digest`` current: ``"inotify"``
+            (default: cost in proportion to what changed; misses writes made through ``mmap``)
+            or ``"scan"`` (re-read the whole workspace after each process: exact, slower).
+        artifact_budget_bytes: the most file data (apparent size) ``finalize`` copies out of
+            a workspace (default 2 GiB). Enforced while the copy streams; what would exceed it
+            is not copied and is listed in ``skipped_paths``. ``None``: no limit.
+        checkpoint_budget_bytes: the most filesystem changes (apparent size, as Docker's
+            ``SizeRw`` counts them) a ``checkpoint`` commits (default 2 GiB); over it,
+            ``CheckpointTooLargeError`` and nothing is committed. ``None``: no limit.
+
+    Raises:
+        ConfigurationError: an argument is invalid or of the wrong type, or the provider cannot
+            honour it (an unknown container runtime; checkpoints on a provider without commit) (checked by
+            :class:`~softprobe.gym.episodes.config.HostConfig`; the message names each option,
+            says why, and what it got). Numbers are not taken from strings, nor counts from
+            booleans.
+    """
+    if provider is not None and backend is not None:
+        raise ConfigurationError("pass provider= (backend= is its older name), not both")
+    config = HostConfig.parse(
+        run_root=run_root, seed_root=seed_root, image=image,
+        capabilities=Capabilities() if capabilities is None else capabilities,
+        on_step=on_step, subject=subject,
+        container=ContainerSettings() if container is None else container,
+        tool_timeout_s=tool_timeout_s, max_tool_timeout_s=max_tool_timeout_s,
+        output_cap_bytes=output_cap_bytes, max_steps=max_steps, docker_host=docker_host,
+        provider=provider if provider is not None else backend, sweep_on_start=sweep_on_start,
+        pool_size=pool_size, max_containers=max_containers, workspace_tracking=workspace_tracking,
+        artifact_budget_bytes=artifact_budget_bytes, checkpoint_budget_bytes=checkpoint_budget_bytes,
+    )
+    return open_host(config)
+
+
+def open_host(config: HostConfig) -> HostEnvironment:
+    """A host for ``config``: its ``run_root`` made, its provider (Docker unless given) checked.
+
+    Raises:
+        ConfigurationError: ``run_root`` cannot be created, or the provider cannot honour the
+            configuration.
+        DockerUnavailableError: the default provider finds no engine (only when it must ask one,
+            e.g. for a named container runtime).
+    """
+    try:
+        config.run_root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigurationError(f"cannot create run_root {config.run_root}: {err.strerror}") from None
+    provider = config.provider
+    owned = provider is None
+    if provider is None:
+        from softprobe.gym.providers.docker.provider import DockerProvider
+
+        provider = DockerProvider(docker_host=config.docker_host)
+    try:
+        provider.check_settings(config.container)  # e.g. an unknown runtime: refused now
+        if config.capabilities.environment_checkpoint and not provider.supports_commit:
+            raise ConfigurationError(
+                f"the {provider.name} provider cannot commit sandboxes, so this host cannot declare "
+                "environment_checkpoint; pass capabilities={'environment_checkpoint': False, ...}"
+            )
+    except BaseException:
+        if owned:
+            provider.discard()
+        raise
+    return HostEnvironment(config, provider)
+
+
+__all__ = ["DEFAULT_ARTIFACT_BUDGET_BYTES", "DEFAULT_CHECKPOINT_BUDGET_BYTES", "DEFAULT_IMAGE",
+           "create_host_environment", "open_host"]

@@ -1,0 +1,256 @@
+"""Forks: the two legal paths, what each needs, the checks made before any work is done, and
+the two algorithms.
+
+- ``checkpoint_import`` (needs ``environment_checkpoint`` and ``subject_state_import``): the
+  child starts from the checkpoint's image and the subject's state saved with it. Nothing re-runs.
+- ``prefix_reexecution`` (needs ``deterministic_prefix_reexecution``): the child starts from the
+  seed and re-executes the parent's first N actions, each checked against the parent's digest.
+
+Anything else is refused with :class:`UnsupportedForkError`. A mid-episode world is never
+restored and then replayed against with mutating actions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel
+
+from softprobe.gym.actions import ToolAction
+from softprobe.gym.episodes.admission import Admission
+from softprobe.gym.episodes.checkpoints import Checkpoint, CheckpointRegistry, maybe_await
+from softprobe.gym.episodes.registry import Episode, EpisodeRegistry
+from softprobe.gym.errors import (
+    ForkRequestError,
+    ForkVerificationError,
+    ReplayDivergenceError,
+    SubjectStateError,
+    UnsupportedForkError,
+)
+from softprobe.gym.results import EpisodeState, StepResult
+from softprobe.gym.settings import Capabilities
+
+if TYPE_CHECKING:
+    from softprobe.gym.episodes.host import HostEnvironment
+
+
+class ForkPath(str, Enum):
+    CHECKPOINT_IMPORT = "checkpoint_import"
+    PREFIX_REEXECUTION = "prefix_reexecution"
+
+
+REQUIRED_CAPABILITIES: dict[ForkPath, tuple[str, ...]] = {
+    ForkPath.CHECKPOINT_IMPORT: ("environment_checkpoint", "subject_state_import"),
+    ForkPath.PREFIX_REEXECUTION: ("deterministic_prefix_reexecution",),
+}
+
+
+class ForkLineage(BaseModel):
+    """Where a forked episode came from. Written to the child's ``episode.json``."""
+
+    parent_episode_id: str
+    branch_step: int
+    path: Literal["checkpoint_import", "prefix_reexecution"]
+    checkpoint_id: str | None = None
+    workspace_digest: str  # verified equal to the parent's at branch_step
+
+
+class ForkResult(BaseModel):
+    """What ``fork`` returns: the child's id and lineage."""
+
+    episode_id: str
+    state: EpisodeState
+    lineage: ForkLineage
+    duration_ms: float
+
+
+def check_fork_path(path: object, capabilities: Capabilities) -> ForkPath:
+    """The legal path named by ``path``, or UnsupportedForkError naming what is missing."""
+    try:
+        fork_path = ForkPath(path)
+    except ValueError:
+        legal = " and ".join(repr(p.value) for p in ForkPath)
+        raise UnsupportedForkError(
+            f"fork path {path!r} is not legal: only {legal} are. A mid-episode world is never "
+            "restored and then replayed against."
+        ) from None
+    needed = REQUIRED_CAPABILITIES[fork_path]
+    missing = [name for name in needed if not getattr(capabilities, name)]
+    if missing:
+        raise UnsupportedForkError(
+            f"fork path {fork_path.value!r} needs the capabilities {' and '.join(needed)}; "
+            f"this host does not declare {', '.join(missing)}. Declare them in "
+            "create_host_environment(capabilities=...) if the environment really supports them."
+        )
+    return fork_path
+
+
+def check_prefix_length(prefix_length: object, available: int) -> int:
+    """``prefix_length`` if it is an int from 0 to ``available``, else ForkRequestError."""
+    if isinstance(prefix_length, bool) or not isinstance(prefix_length, int):
+        raise ForkRequestError(
+            f"prefix_reexecution needs prefix_length=N (an int from 0 to {available}), "
+            f"got {prefix_length!r}"
+        )
+    if not 0 <= prefix_length <= available:
+        raise ForkRequestError(
+            f"prefix_length={prefix_length} is out of range: the parent has taken {available} "
+            f"steps since its last reset, so N must be between 0 and {available}"
+        )
+    return prefix_length
+
+
+class Forker:
+    """Runs forks for one host: checks first, then one of the two algorithms, and on any
+    failure destroys the child so that it leaves no trace."""
+
+    def __init__(
+        self,
+        host: HostEnvironment,
+        registry: EpisodeRegistry,
+        admission: Admission,
+        checkpoints: CheckpointRegistry,
+        *,
+        subject: Any,
+    ) -> None:
+        self._host = host
+        self._registry = registry
+        self._admission = admission
+        self._checkpoints = checkpoints
+        self._subject = subject
+
+    async def fork(
+        self,
+        parent: Episode,
+        path: str,
+        checkpoint_id: str | None,
+        prefix_length: int | None,
+        child_episode_id: str | None,
+        strict: bool,
+    ) -> ForkResult:
+        """See :meth:`HostEnvironment.fork`."""
+        fork_path = check_fork_path(path, self._registry.config.capabilities)
+        parent.require("fork")
+        entry: Checkpoint | None = None
+        if fork_path is ForkPath.CHECKPOINT_IMPORT:
+            if prefix_length is not None:
+                raise ForkRequestError("checkpoint_import takes checkpoint_id, not prefix_length")
+            entry = self._checkpoints.of(parent, checkpoint_id)
+        else:
+            if checkpoint_id is not None:
+                raise ForkRequestError("prefix_reexecution takes prefix_length, not checkpoint_id")
+            check_prefix_length(prefix_length, len(parent.steps))
+        # The child is the parent's episode again: same seed folder, same step limit.
+        handle = await self._host.create_episode(
+            episode_id=child_episode_id, max_steps=parent.max_steps, seed_root=parent.seed_root
+        )
+        child = self._registry.get(handle.episode_id)
+        started = time.perf_counter()
+        try:
+            if entry is not None:
+                lineage = await self._import_checkpoint(parent, child, entry)
+            else:
+                lineage = await self._reexecute_prefix(parent, child, int(prefix_length or 0), strict)
+        except BaseException:
+            # A failed fork leaves no trace: no sandbox, no folder, and its id free again.
+            await asyncio.shield(self._host.destroy(episode_id=child.episode_id, cleanup=True))
+            self._registry.forget(child.episode_id)
+            raise
+        child.lineage = lineage
+        self._registry.save(child)
+        child.store.write_lineage(lineage.model_dump_json(indent=2))
+        return ForkResult(
+            episode_id=child.episode_id,
+            state=child.state,
+            lineage=lineage,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
+    async def _import_checkpoint(self, parent: Episode, child: Episode, entry: Checkpoint) -> ForkLineage:
+        record = entry.record
+        async with child.lock:
+            runtime = await self._admission.start_from(child, entry)
+            child.runtime = runtime
+            if child.state is EpisodeState.DESTROYED:  # destroyed while its sandbox started
+                await self._admission.drop(child, release=True)
+                child.require_not_destroyed("fork")
+            if runtime.hello.workspace_digest != record.workspace_digest:
+                raise ForkVerificationError(
+                    f"checkpoint {record.checkpoint_id} came back with workspace digest "
+                    f"{runtime.hello.workspace_digest}, not {record.workspace_digest}: the "
+                    "checkpoint did not capture the workspace (is it on a volume or tmpfs?)"
+                )
+            try:
+                await maybe_await(self._subject.import_state(child.episode_id, record.subject_state))
+            except Exception as err:
+                raise SubjectStateError(
+                    f"fork of {parent.episode_id!r} from {record.checkpoint_id}: subject.import_state "
+                    f"raised {type(err).__name__}: {err}. The child was removed; fix the subject "
+                    "adapter, then fork again."
+                ) from err
+            child.require_not_destroyed("fork")
+            child.steps = [
+                step.model_copy(update={"episode_id": child.episode_id, "source_trace_id": child.source_trace_id})
+                for step in entry.steps
+            ]
+            for step in child.steps:
+                child.store.append_step(step)
+            child.initial_digest = entry.initial_digest
+            child.workspace_digest = record.workspace_digest
+            child.state = state_after(child.steps)
+        return ForkLineage(
+            parent_episode_id=parent.episode_id,
+            branch_step=record.step_index,
+            path="checkpoint_import",
+            checkpoint_id=record.checkpoint_id,
+            workspace_digest=record.workspace_digest,
+        )
+
+    async def _reexecute_prefix(self, parent: Episode, child: Episode, prefix_length: int, strict: bool) -> ForkLineage:
+        prefix = list(parent.steps[:prefix_length])
+        expected_initial = parent.initial_digest
+        await self._host.reset(episode_id=child.episode_id)
+        if child.initial_digest != expected_initial:
+            raise ReplayDivergenceError(
+                f"the fresh world of the child differs from the parent's before any step "
+                f"(digest {child.initial_digest} vs {expected_initial}): the seed image or "
+                "seed files changed since the parent's reset",
+                step=0,
+                expected_digest=expected_initial,
+                actual_digest=child.initial_digest,
+            )
+        for original in prefix:
+            replayed = await self._host.step(episode_id=child.episode_id, action=original.action)
+            expected = original.diagnostics["workspace_digest"]
+            actual = replayed.diagnostics["workspace_digest"]
+            same_observation = (replayed.observation, replayed.error) == (original.observation, original.error)
+            if actual != expected or (strict and not same_observation):
+                what = "workspace digest" if actual != expected else "observation (strict mode)"
+                action = original.action
+                described = f"tool {action.name}" if isinstance(action, ToolAction) else "terminate"
+                raise ReplayDivergenceError(
+                    f"replaying step {original.index} of {parent.episode_id!r} "
+                    f"({described}) gave a different {what}: parent "
+                    f"{expected}, child {actual}. The prefix is not deterministic; this host "
+                    "should not declare deterministic_prefix_reexecution for it.",
+                    step=original.index,
+                    expected_digest=expected,
+                    actual_digest=actual,
+                )
+        return ForkLineage(
+            parent_episode_id=parent.episode_id,
+            branch_step=prefix_length,
+            path="prefix_reexecution",
+            workspace_digest=child.workspace_digest,
+        )
+
+
+def state_after(steps: list[StepResult]) -> EpisodeState:
+    """The state of an episode whose trajectory is ``steps``."""
+    if not steps:
+        return EpisodeState.READY
+    last = steps[-1]
+    return EpisodeState.TERMINATED if last.terminated or last.truncated else EpisodeState.RUNNING

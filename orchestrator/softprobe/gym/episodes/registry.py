@@ -1,0 +1,142 @@
+"""The bottom layer of the host: each episode's record, the registry of them, and what they
+are labelled and started with.
+
+Everything above (admission, checkpoints, forking, the host) uses this module; it never calls up
+into them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from softprobe.gym import labels as L
+from softprobe.gym.episodes.config import HostConfig
+from softprobe.gym.episodes.lifecycle import require
+from softprobe.gym.episodes.store import EpisodeStore
+from softprobe.gym.errors import EpisodeBrokenError, EpisodeNotFoundError, LifecycleError
+from softprobe.gym.providers.base import SandboxSpec
+from softprobe.gym.results import EpisodeState, StepResult
+from softprobe.gym.shim.runtime import Runtime
+
+
+@dataclass
+class Episode:
+    """What the host knows of one episode. Mutated only under ``lock`` (or by destroy)."""
+
+    episode_id: str
+    store: EpisodeStore
+    state: EpisodeState = EpisodeState.CREATED
+    runtime: Runtime | None = None
+    steps: list[StepResult] = field(default_factory=list)
+    initial_digest: str = ""  # the world right after the last reset
+    workspace_digest: str = ""
+    broken: str | None = None
+    checkpoints: list[str] = field(default_factory=list)  # made from this episode
+    holds_slot: bool = False  # counts against max_containers
+    source_checkpoint: str | None = None  # the checkpoint its sandbox was started from
+    lineage: Any = None  # a ForkLineage once forked
+    max_steps: int | None = None  # overrides the host's limit
+    seed_root: Path | None = None  # overrides the host's seed_root
+    # Names this attempt (renewed by every reset): in result.json and on every trajectory line.
+    source_trace_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def require(self, operation: str) -> None:
+        """Raise LifecycleError unless ``operation`` is legal in the current state."""
+        require(self.episode_id, self.state, operation)
+
+    def require_not_destroyed(self, operation: str) -> None:
+        """Checked after every await of a call: destroy may have run meanwhile, and a destroyed
+        episode must stay destroyed (no state change, no record written)."""
+        if self.state is EpisodeState.DESTROYED:
+            raise LifecycleError(self.episode_id, "destroyed", operation, "it was destroyed while the call ran")
+
+    def require_usable(self, operation: str) -> None:
+        """LifecycleError unless ``operation`` is legal now, EpisodeBrokenError if it broke."""
+        require(self.episode_id, self.state, operation)
+        if self.broken is not None:
+            raise EpisodeBrokenError(self.episode_id, self.broken)
+
+    def live_runtime(self, operation: str) -> Runtime:
+        """The episode's runtime (under the lock, where a reset cannot be half done), or the
+        error :meth:`require_usable` raises."""
+        self.require_usable(operation)
+        if self.runtime is None:  # a usable state always has one under the lock
+            raise EpisodeBrokenError(self.episode_id, "its sandbox is gone")
+        return self.runtime
+
+
+class EpisodeRegistry:
+    """The episodes of one host, their labels, sandbox specs and ``episode.json`` records."""
+
+    def __init__(self, config: HostConfig, host_id: str) -> None:
+        self.config = config
+        self.host_id = host_id
+        self._episodes: dict[str, Episode] = {}
+
+    def __contains__(self, episode_id: object) -> bool:
+        return episode_id in self._episodes
+
+    def get(self, episode_id: str) -> Episode:
+        """The episode, or EpisodeNotFoundError."""
+        try:
+            return self._episodes[episode_id]
+        except (KeyError, TypeError):
+            raise EpisodeNotFoundError(str(episode_id)) from None
+
+    def add(self, episode: Episode) -> None:
+        self._episodes[episode.episode_id] = episode
+
+    def forget(self, episode_id: str) -> None:
+        """Drop an episode that never existed for the caller (a failed fork's child)."""
+        self._episodes.pop(episode_id, None)
+
+    def live(self) -> list[Episode]:
+        """Episodes not yet destroyed."""
+        return [e for e in self._episodes.values() if e.state is not EpisodeState.DESTROYED]
+
+    def labels(self, episode_id: str) -> dict[str, str]:
+        """The labels of an episode's sandboxes and images: ours, this owner's, this host's."""
+        return {L.MANAGED: "true", L.EPISODE: episode_id, L.OWNER: L.current_owner(), L.HOST: self.host_id}
+
+    def spec(
+        self, *, labels: dict[str, str], seed: bool, image: str | None = None, seed_root: Path | None = None
+    ) -> SandboxSpec:
+        """A sandbox of the host's image (or ``image``, a checkpoint), seeded or not."""
+        return SandboxSpec(
+            image=image or self.config.image,
+            settings=self.config.container,
+            labels=labels,
+            seed_root=(seed_root or self.config.seed_root) if seed else None,
+            # A fresh workspace (seeded now, or later by the pool's taker) unless the image is a
+            # checkpoint that already holds one.
+            copy_seed=seed or image is None,
+            digest_mode=self.config.workspace_tracking,
+        )
+
+    def save(self, episode: Episode) -> None:
+        """Rewrite the episode's ``episode.json``."""
+        episode.store.write_record(self.record(episode))
+
+    def record(self, episode: Episode) -> dict[str, Any]:
+        """What ``episode.json`` holds."""
+        return {
+            "episode_id": episode.episode_id,
+            "state": episode.state.value,
+            "image": self.config.image,
+            "container_id": episode.runtime.sandbox_id if episode.runtime else None,
+            "steps": len(episode.steps),
+            "broken": episode.broken,
+            "owner": L.current_owner(),
+            "host_id": self.host_id,
+            "checkpoints": list(episode.checkpoints),
+            "lineage": episode.lineage.model_dump() if episode.lineage else None,
+            "source_trace_id": episode.source_trace_id,
+        }
+
+
+__all__ = ["Episode", "EpisodeRegistry"]

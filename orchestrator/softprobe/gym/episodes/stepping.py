@@ -1,0 +1,112 @@
+"""One step of an episode: validate the action, run the tool through the shim, run the
+``on_step`` hook and the training session's scoring, then record the step."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Awaitable, Callable
+
+from softprobe.gym.actions import TerminateAction, ToolAction, parse_action
+from softprobe.gym.episodes.admission import Admission
+from softprobe.gym.episodes.config import HostConfig
+from softprobe.gym.episodes.hooks import StepContext, call_hook
+from softprobe.gym.episodes.registry import Episode
+from softprobe.gym.errors import GymError, OnStepHookError, SandboxLostError
+from softprobe.gym.results import EpisodeState, StepError, StepResult
+from softprobe.gym.shim.protocol import CallResult
+from softprobe.gym.shim.runtime import Runtime
+
+#: ``score(result)``: run on a step's result before its trajectory line is written.
+Score = Callable[[StepResult], Awaitable[None]]
+
+
+class Stepper:
+    """Takes steps for one host."""
+
+    def __init__(self, config: HostConfig, admission: Admission) -> None:
+        self._config = config
+        self._admission = admission
+
+    async def step(self, episode: Episode, action: object, *, score: Score | None) -> StepResult:
+        """See :meth:`HostEnvironment.step`."""
+        episode.require_usable("step")
+        parsed = parse_action(action)
+        async with episode.lock:
+            runtime = episode.live_runtime("step")
+            started = time.perf_counter()
+            index = len(episode.steps) + 1
+            if isinstance(parsed, TerminateAction):
+                observation: Any = parsed.output if parsed.output is not None else ""
+                error: StepError | None = None
+                diagnostics: dict[str, Any] = {"workspace_digest": episode.workspace_digest, "changed_paths": []}
+            else:
+                call = await self._call_tool(episode, runtime, parsed)
+                episode.require_not_destroyed("step")
+                observation, error, diagnostics = call.observation, call.error, call.diagnostics
+                episode.workspace_digest = diagnostics["workspace_digest"]
+            terminated = isinstance(parsed, TerminateAction)
+            limit = episode.max_steps if episode.max_steps is not None else self._config.max_steps
+            truncated = not terminated and limit is not None and index >= limit
+            result = StepResult(
+                episode_id=episode.episode_id,
+                index=index,
+                action=parsed,
+                observation=observation,
+                terminated=terminated,
+                truncated=truncated,
+                diagnostics=diagnostics,
+                error=error,
+                source_trace_id=episode.source_trace_id,
+            )
+            hook_error = await self._run_hook(episode, runtime, parsed, result)
+            episode.require_not_destroyed("step")
+            score_error: GymError | None = None
+            if score is not None and hook_error is None:
+                try:
+                    await score(result)
+                except GymError as err:
+                    score_error = err
+                episode.require_not_destroyed("step")
+            result.duration_ms = round((time.perf_counter() - started) * 1000, 3)
+            episode.steps.append(result)
+            episode.store.append_step(result)
+            episode.state = EpisodeState.TERMINATED if terminated or truncated else EpisodeState.RUNNING
+        if hook_error is not None:
+            raise OnStepHookError(
+                f"on_step raised {type(hook_error).__name__}: {hook_error} (step {index} of "
+                f"{episode.episode_id!r} ran and is recorded; see .step_result)",
+                result,
+            ) from hook_error
+        if score_error is not None:
+            raise score_error
+        return result
+
+    async def _call_tool(self, episode: Episode, runtime: Runtime, action: ToolAction) -> CallResult:
+        timeout_s = self._config.tool_timeout_s
+        asked = action.args.get("timeout_s")
+        if action.name == "shell.exec" and isinstance(asked, (int, float)) and not isinstance(asked, bool):
+            timeout_s = min(max(float(asked), 0.001), self._config.max_tool_timeout_s)
+        try:
+            return await runtime.call_tool(
+                tool=action.name, args=dict(action.args), timeout_s=timeout_s, output_cap=self._config.output_cap_bytes
+            )
+        except SandboxLostError as err:
+            raise await self._admission.mark_broken(episode, str(err)) from err
+
+    async def _run_hook(
+        self, episode: Episode, runtime: Runtime, action: ToolAction | TerminateAction, result: StepResult
+    ) -> Exception | None:
+        hook = self._config.on_step
+        if hook is None:
+            return None
+        ctx = StepContext(episode.episode_id, action, result, runtime)
+        try:
+            result.diagnostics.update(await call_hook(hook, ctx))
+        except SandboxLostError as err:
+            raise await self._admission.mark_broken(episode, str(err)) from err
+        except Exception as err:  # the hook is the caller's code: report it, keep the step
+            return err
+        return None
+
+
+__all__ = ["Score", "Stepper"]

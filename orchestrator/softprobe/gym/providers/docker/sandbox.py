@@ -1,0 +1,195 @@
+"""One episode container: the channel to its shim, copying out, committing and removing it."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any, Callable
+
+import docker.errors
+import requests.exceptions
+import urllib3.exceptions
+
+from softprobe.gym.errors import CheckpointTooLargeError, SandboxError
+from softprobe.gym.providers.archive import safe_extract
+from softprobe.gym.providers.base import Sandbox
+from softprobe.gym.providers.docker.engine import DockerEngine
+from softprobe.gym.providers.docker.retry import control_plane
+from softprobe.gym.providers.docker.uids import EpisodeIds
+from softprobe.gym.results import SkippedMember
+from softprobe.gym.shim.client import LineChannel
+
+
+class DockerSandbox(Sandbox):
+    """A running episode container whose main process is the shim, attached over ``channel``.
+
+    Args:
+        engine: the engine it runs on.
+        container_id / image_id: the container and the image it was created from.
+        channel: the attached stdin/stdout of the shim.
+        user: the image user tools run as (kept in a flattened checkpoint's configuration).
+        ids: the uids allocated to the episode; ``release(ids)`` is called once it is removed.
+        pending_seed: seed files the shim extracts after its handshake, or None.
+    """
+
+    def __init__(
+        self,
+        engine: DockerEngine,
+        container_id: str,
+        image_id: str,
+        channel: LineChannel,
+        user: str | None,
+        ids: EpisodeIds,
+        release: Callable[[EpisodeIds], None],
+        pending_seed: bytes | None = None,
+    ) -> None:
+        self._engine = engine
+        self.sandbox_id = container_id
+        self.image_id = image_id
+        self.channel = channel
+        self.pending_seed = pending_seed
+        self.ids = ids
+        self._user = user
+        self._release = release
+        self._removed = False
+
+    async def why_lost(self, reason: str) -> str:
+        """``reason``, plus what the engine knows: a container the kernel OOM-killed as a whole
+        (under gVisor a memory bomb takes the whole sandbox, not one process)."""
+        try:
+            state = await self._engine.run(self._engine.container_state, self.sandbox_id)
+        except Exception:  # the container may be gone already; the original reason stands
+            return reason
+        if state.get("OOMKilled"):
+            return (f"{reason}; the container ran out of memory and was killed as a whole (raise "
+                    "container memory, or expect this for memory bombs under gVisor)")
+        return reason
+
+    async def copy_out(
+        self, path: str, destination: Path, *, byte_budget: int | None = None
+    ) -> list[SkippedMember]:
+        return await self._engine.run(self._copy_out, path, destination, byte_budget)
+
+    def _copy_out(self, path: str, destination: Path, byte_budget: int | None) -> list[SkippedMember]:
+        api = self._engine.api
+        try:
+            stream, _ = control_plane(api.get_archive)(self.sandbox_id, path)
+        except docker.errors.APIError as err:
+            raise SandboxError(f"copying {path} out of the container failed: {err}") from None
+        # Extracted as it arrives: never spooled, so the budget bounds what the host stores, and
+        # a budget reached early stops the transfer (closing the stream drops the connection).
+        try:
+            return safe_extract(_ChunkReader(stream), destination, byte_budget=byte_budget)  # type: ignore[arg-type]
+        except (tarfile.TarError, requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as err:
+            raise SandboxError(f"copying {path} out of the container failed: {err}") from None
+        finally:
+            stream.close()
+
+    def commit_image(self, labels: dict[str, str], max_bytes: int | None, flatten_at_layers: int) -> str:
+        """Commit the container as an image carrying ``labels`` (blocking); a chain of
+        ``flatten_at_layers`` layers is flattened instead. See :meth:`Provider.commit`."""
+        api = self._engine.api
+        if max_bytes is not None:
+            self._check_size(max_bytes)
+        image = control_plane(api.inspect_image)(self.image_id)
+        if len(image["RootFS"]["Layers"]) + 1 >= flatten_at_layers:
+            return self._flatten(image["Config"] or {}, labels)
+        # No pause: commit only happens between steps, when no tool process is alive to write.
+        response = control_plane(api.commit)(self.sandbox_id, conf={"Labels": labels}, pause=False)
+        return str(response["Id"])
+
+    def _check_size(self, max_bytes: int) -> None:
+        """Refuse a commit whose layer would exceed ``max_bytes``. Docker's ``SizeRw`` is the
+        apparent size of the container's changes: what ``docker commit`` copies into the layer."""
+        api = self._engine.api
+        listed = control_plane(api.containers)(all=True, filters={"id": self.sandbox_id}, size=True)
+        size = int((listed[0].get("SizeRw") if listed else 0) or 0)
+        if size > max_bytes:
+            raise CheckpointTooLargeError(
+                f"the container's filesystem changes are {size} bytes, over the checkpoint budget "
+                f"of {max_bytes} bytes (checkpoint_budget_bytes); nothing was committed. Delete "
+                "large files first (sparse files count at their full length), or raise the budget.",
+                size_bytes=size,
+                budget_bytes=max_bytes,
+            )
+
+    def _flatten(self, config: dict[str, Any], labels: dict[str, str]) -> str:
+        """Snapshot as a one-layer image: export the container's filesystem, import it with the
+        image's configuration. Slower than a commit, so only used when a commit chain gets deep."""
+        api = self._engine.api
+        changes = _config_changes(config, labels, self._user)
+        exported = api.export(self.sandbox_id)
+        response = api.import_image_from_stream(exported, changes=changes)
+        status = _last_json_line(response)
+        image_id = status.get("status", "")
+        if not image_id.startswith("sha256:"):
+            raise SandboxError(f"flattening the checkpoint failed: {status}")
+        return image_id
+
+    async def remove(self) -> None:
+        if self._removed:
+            return
+        self._removed = True
+        self.channel.close()
+        try:
+            await asyncio.shield(self._engine.run(self._engine.remove_container, self.sandbox_id))
+        finally:
+            self._release(self.ids)
+
+
+class _ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (Docker's archive stream)."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = iter(chunks)
+        self._chunk = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._chunk:
+            try:
+                self._chunk = memoryview(next(self._chunks))
+            except StopIteration:
+                return 0
+        count = min(len(buffer), len(self._chunk))
+        buffer[:count] = self._chunk[:count]
+        self._chunk = self._chunk[count:]
+        return count
+
+
+def _config_changes(config: dict[str, Any], labels: dict[str, str], user: str | None) -> list[str]:
+    """Dockerfile instructions that give an imported image the configuration of ``config``."""
+
+    def quote(value: str) -> str:
+        return json.dumps(value).replace("$", "\\$")
+
+    changes = []
+    for entry in config.get("Env") or []:
+        key, _, value = entry.partition("=")
+        changes.append(f"ENV {key}={quote(value)}")
+    if config.get("WorkingDir"):
+        changes.append(f"WORKDIR {config['WorkingDir']}")
+    if user or config.get("User"):
+        changes.append(f"USER {user or config['User']}")
+    if config.get("Cmd"):
+        changes.append(f"CMD {json.dumps(config['Cmd'])}")
+    merged = dict(config.get("Labels") or {}, **labels)
+    changes.extend(f"LABEL {quote(key)}={quote(value)}" for key, value in merged.items())
+    return changes
+
+
+def _last_json_line(response: Any) -> dict[str, Any]:
+    text = response if isinstance(response, str) else bytes(response).decode("utf-8", "replace")
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    try:
+        return dict(json.loads(lines[-1])) if lines else {}
+    except ValueError:
+        return {"status": text[-300:]}
+
+
+__all__ = ["DockerSandbox"]

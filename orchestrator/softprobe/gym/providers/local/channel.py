@@ -1,0 +1,60 @@
+"""A line channel over a subprocess's stdin and stdout (and a bounded tail of its stderr)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+STDERR_TAIL_BYTES = 16 * 1024
+
+
+class PipeChannel:
+    """Implements ``LineChannel`` over an asyncio subprocess started with three pipes."""
+
+    def __init__(self, process: asyncio.subprocess.Process, *, max_line_bytes: int) -> None:
+        assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+        self._process = process
+        self._stdin = process.stdin
+        self._stdout = process.stdout
+        self._max_line_bytes = max_line_bytes
+        self._buffer = bytearray()
+        self._stderr = bytearray()
+        self._stderr_task = asyncio.ensure_future(self._drain_stderr(process.stderr))
+        self._closed = False
+
+    async def _drain_stderr(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(4096):
+            self._stderr += chunk
+            del self._stderr[:-STDERR_TAIL_BYTES]
+
+    async def send_line(self, line: bytes) -> None:
+        self._stdin.write(line + b"\n")
+        await self._stdin.drain()
+
+    async def recv_line(self) -> bytes:
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline >= 0:
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                return line
+            if len(self._buffer) > self._max_line_bytes:
+                raise EOFError(f"a message from the shim exceeded {self._max_line_bytes} bytes")
+            chunk = await self._stdout.read(1 << 20)
+            if not chunk:
+                raise EOFError("the shim's output stream ended")
+            self._buffer += chunk
+
+    def diagnostics(self) -> str:
+        return self._stderr.decode("utf-8", "replace").strip()[-2000:]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._stdin.close()
+        self._stderr_task.cancel()
+
+
+__all__ = ["PipeChannel"]

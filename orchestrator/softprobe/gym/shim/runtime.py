@@ -1,0 +1,167 @@
+"""A sandbox with a live shim: what the host steps, whatever provider runs the sandbox.
+
+:meth:`Runtime.start` asks a provider for a sandbox, completes the shim's handshake over the
+sandbox's channel (checking that the shim is this library's own program) and extracts the seed;
+after that every tool call, check and copy goes through the runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from softprobe.gym.errors import SandboxLostError, SandboxStartError
+from softprobe.gym.providers.base import WORKSPACE, Provider, Sandbox, SandboxSpec
+from softprobe.gym.results import SkippedMember
+from softprobe.gym.shim import SHIM_SHA256
+from softprobe.gym.shim.client import ShimClient
+from softprobe.gym.shim.protocol import CallResult, HelloResult
+
+#: How long a new sandbox's shim may take to answer its first request.
+HELLO_TIMEOUT_S = 60.0
+
+
+class Runtime:
+    """One started sandbox and the shim client talking to it. Calls are served one at a time.
+
+    Attributes:
+        provider: the provider that started the sandbox.
+        sandbox: the provider's handle.
+        hello: the shim's latest handshake (tools, workspace digest and files).
+    """
+
+    def __init__(self, provider: Provider, sandbox: Sandbox, client: ShimClient, hello: HelloResult) -> None:
+        self.provider = provider
+        self.sandbox = sandbox
+        self.hello = hello
+        self._client = client
+        self._removed = False
+
+    @classmethod
+    async def start(cls, provider: Provider, spec: SandboxSpec) -> Runtime:
+        """Start a sandbox of ``spec`` on ``provider`` and bring its shim up.
+
+        Nothing of a sandbox that did not come up stays behind: its connection and the sandbox
+        are removed before the error is raised.
+
+        Raises:
+            ImageNotFoundError: the image is not where the provider runs.
+            SandboxStartError: the shim did not answer, or is not this library's program.
+            SandboxError: the provider failed.
+        """
+        sandbox = await provider.start(spec)
+        client = ShimClient(sandbox.channel)
+        try:
+            hello = await client.hello(timeout_s=HELLO_TIMEOUT_S)
+            if hello.shim_sha256 != SHIM_SHA256:
+                raise SandboxStartError(
+                    f"the shim in a sandbox of {spec.image!r} is not this library's (sha256 "
+                    f"{hello.shim_sha256[:12] or 'unknown'}, expected {SHIM_SHA256[:12]}); rebuild the "
+                    "image with `softprobe-gym images build`"
+                )
+            runtime = cls(provider, sandbox, client, hello)
+            if sandbox.pending_seed is not None:
+                await runtime.seed_archive(sandbox.pending_seed)
+        except BaseException as err:
+            client.close()
+            await asyncio.shield(sandbox.remove())
+            if isinstance(err, SandboxLostError):
+                raise SandboxStartError(
+                    f"the shim in a sandbox of {spec.image!r} did not start: {err}. The image needs "
+                    "python3 (>= 3.8) on PATH and a /bin/sh."
+                ) from None
+            raise
+        return runtime
+
+    @property
+    def sandbox_id(self) -> str:
+        """The provider's id of the sandbox (a container id for Docker)."""
+        return self.sandbox.sandbox_id
+
+    @property
+    def image_id(self) -> str:
+        """The id of the image the sandbox was started from."""
+        return self.sandbox.image_id
+
+    @property
+    def lost(self) -> str | None:
+        """Why the sandbox stopped working, or None while it works."""
+        return "the sandbox was removed" if self._removed else self._client.lost
+
+    async def call_tool(self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int) -> CallResult:
+        """Run one tool and return its result. Never retried: a tool may have had effects.
+
+        Args:
+            tool: the tool name.
+            args: its JSON arguments.
+            timeout_s: the tool's processes are killed after this long; the result then carries
+                a ``timeout`` error.
+            output_cap: bytes of output kept; the rest is cut around a visible marker.
+
+        Raises:
+            SandboxLostError: the sandbox or shim died, or no answer came within ``timeout_s``
+                plus a grace period (with what the provider knows about why). The runtime is
+                unusable afterwards.
+        """
+        try:
+            return await self._client.call_tool(tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap)
+        except SandboxLostError as err:
+            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+
+    async def seed(self, seed_root: Path | None) -> HelloResult:
+        """Copy ``seed_root`` into the workspace of this started sandbox; return the new hello.
+
+        Used on sandboxes started without seed files (the warm pool).
+        """
+        if seed_root is None:
+            return self.hello
+        archive = await self.provider.seed_archive(self.sandbox, seed_root)
+        return self.hello if archive is None else await self.seed_archive(archive)
+
+    async def seed_archive(self, archive: bytes) -> HelloResult:
+        """Have the shim extract ``archive`` (names relative to the workspace)."""
+        self.hello = await self._client.seed(archive)
+        return self.hello
+
+    async def rescan(self) -> str:
+        """The workspace digest from a full walk, after every process but the shim is gone.
+
+        What ``finalize`` and ``checkpoint`` record: it trusts no incremental tracking.
+
+        Raises:
+            SandboxLostError: as for :meth:`call_tool`.
+        """
+        return (await self._client.rescan()).workspace_digest
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` (relative to the workspace) exists. Raises SandboxLostError."""
+        return await self._client.exists(path)
+
+    async def read_text(self, path: str, *, max_bytes: int = 1 << 20) -> str:
+        """The first ``max_bytes`` of a workspace file as text (invalid UTF-8 replaced).
+
+        Raises:
+            SandboxError: the file does not exist or is outside the workspace.
+            SandboxLostError: as for :meth:`call_tool`.
+        """
+        return await self._client.read_text(path, max_bytes=max_bytes)
+
+    async def copy_out_workspace(self, destination: Path, *, byte_budget: int | None = None) -> list[SkippedMember]:
+        """Copy the workspace to ``destination/workspace``; see :meth:`Sandbox.copy_out`."""
+        return await self.sandbox.copy_out(WORKSPACE, destination, byte_budget=byte_budget)
+
+    async def commit(self, *, labels: dict[str, str], max_bytes: int | None = None) -> str:
+        """Snapshot the sandbox as an image; see :meth:`Provider.commit`."""
+        return await self.provider.commit(self.sandbox, labels=labels, max_bytes=max_bytes)
+
+    async def remove(self) -> None:
+        """Close the connection and remove the sandbox. Idempotent."""
+        if self._removed:
+            return
+        self._removed = True
+        self._client.close()
+        await asyncio.shield(self.sandbox.remove())
+
+
+__all__ = ["HELLO_TIMEOUT_S", "Runtime"]
