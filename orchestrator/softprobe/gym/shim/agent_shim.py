@@ -28,6 +28,16 @@ Invariants the host relies on:
   ``workspace_digest`` describes the world the next step starts from;
 - file tools never touch anything outside the workspace, after resolving symlinks;
 - tool output is capped; the cap keeps the head and the tail around a visible marker.
+
+Local mode (``--local``, and whenever the shim is not PID 1 of its own PID namespace): the same
+shim run as a plain process on a developer's machine or in CI, in a private temp folder. It then
+never touches what it did not start: no ``kill(-1)`` sweep, no change to system folders, no
+setgroups, uid switch or process limit unless ``--agent-uid`` asks for one, HOME beside the
+workspace (``<workspace>.home``, or ``--home``). Each command runs in its own session; after it,
+the shim kills that session and, as a child subreaper, every orphan handed back to it. A process
+that leaves both (``setsid`` and a parent that stays alive outside them, or a subreaper of its own
+that outlives the sweep) can survive its step, and nothing confines commands to the workspace:
+local mode is for development and tests, never for untrusted agents.
 """
 
 from __future__ import annotations  # annotations stay strings: free at start-up, fine on 3.8
@@ -576,6 +586,92 @@ def _other_pids(me: int) -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != me]
 
 
+#: Set by ``main`` in local mode once the shim is a child subreaper: every process left with no
+#: parent below the shim is then handed to it, and its children are all its own commands'.
+_local_children_swept = False
+
+
+def _proc_stat(pid: int) -> tuple[int, int, str] | None:
+    """(parent pid, session id, state letter) of ``pid`` from /proc; None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()  # the name in parentheses may hold spaces
+    try:
+        return int(fields[1]), int(fields[3]), fields[0].decode("ascii", "replace")
+    except (IndexError, ValueError):
+        return None
+
+
+def _kill_session(sid: int, deadline_s: float = SWEEP_DEADLINE_S) -> bool:
+    """Local mode: kill every live process of session ``sid`` (a command started with
+    ``start_new_session``); True when none is left.
+
+    Called before the session's leader is reaped: until then no process can get ``sid`` as its
+    pid or session, so every process found in the session is one the command started. Each is
+    signalled through a pidfd opened and checked first, so a pid reused meanwhile is never hit.
+    """
+    deadline = time.monotonic() + deadline_s
+    while True:
+        alive = False
+        for pid in _other_pids(os.getpid()):
+            info = _proc_stat(pid)
+            if info is None or info[1] != sid or info[2] in ("Z", "X"):
+                continue
+            alive = True
+            _kill_if_in_session(pid, sid)
+        if not alive:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+
+
+def _kill_if_in_session(pid: int, sid: int) -> None:
+    pidfd = _pidfd(pid)
+    if pidfd is None:
+        if hasattr(os, "pidfd_open"):
+            return  # gone already
+        # Python 3.8 has no pidfds: the pid could in principle be reused between the look and the
+        # kill; local mode runs on the developer's own (newer) Python.
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        return
+    try:
+        info = _proc_stat(pid)  # the pidfd pins the process: if it still has the pid, this is it
+        if info is not None and info[1] == sid:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass  # exited meanwhile
+    finally:
+        os.close(pidfd)
+
+
+def _clear_children(me: int, deadline_s: float) -> bool:
+    """Local mode, as a child subreaper: kill and reap every child of the shim (its commands and
+    the orphans they left) until it has none; their children become its own in turn."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        reap_orphans()
+        left = False
+        for pid in _other_pids(me):
+            info = _proc_stat(pid)
+            if info is None or info[0] != me:
+                continue
+            left = True  # a zombie child is reaped on the next round
+            if info[2] not in ("Z", "X"):
+                # A child's pid cannot be reused before the shim reaps it.
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        if not left:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+
+
 def clear_processes(deadline_s: float = SWEEP_DEADLINE_S) -> bool:
     """Kill and reap every other process of the container; True when /proc shows only the shim.
 
@@ -586,8 +682,12 @@ def clear_processes(deadline_s: float = SWEEP_DEADLINE_S) -> bool:
     """
     me = os.getpid()
     if me != 1:
-        # Not a container's init (the shim run directly, as the unit tests do): kill(-1) would
-        # reach every process this user may signal on the machine, so touch nobody else.
+        # Not a container's init (local mode, or the shim's classes used in-process as the unit
+        # tests do): kill(-1) would reach every process this user may signal on the machine, so
+        # touch nobody else. In local mode the shim's own children are its commands' (it is
+        # their subreaper); each command's session was killed already (run_process).
+        if _local_children_swept:
+            return _clear_children(me, deadline_s)
         reap_orphans()
         return True
     deadline = time.monotonic() + deadline_s
@@ -768,10 +868,13 @@ def run_process(
         if pidfd is not None:
             os.close(pidfd)
         _kill_group(proc.pid)
+        # Not a container's init: no kill(-1) below, so end the command's whole session here,
+        # while its leader is unreaped (its id then names nobody else).
+        session_cleared = os.getpid() == 1 or _kill_session(proc.pid)
         assert proc.stdout is not None  # stdout=PIPE
         proc.stdout.close()
         exit_code = proc.wait()
-        if not clear_processes():
+        if not clear_processes() or not session_cleared:
             raise ShimBroken("a process of the step could not be killed within %gs" % SWEEP_DEADLINE_S)
     diagnostics: dict[str, Any] = {
         "exit_code": exit_code,
@@ -865,6 +968,19 @@ def reap_orphans() -> int:
         reaped += 1
 
 
+def _become_subreaper() -> None:
+    """Local mode: be the child subreaper of the commands, so that their orphans are handed to the
+    shim (and swept after the step), not to the machine's init."""
+    global _local_children_swept
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        _local_children_swept = libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
 def harden() -> bool:
     """Make this process non-dumpable: its /proc entries (fds included) become root's, so
     processes of the same uid cannot open its pipes or ptrace it. Returns whether it worked."""
@@ -910,18 +1026,22 @@ class Limits:
 
 class Shim:
     def __init__(self, workspace: str, manifest_path: str, digest_mode: str = "inotify",
-                 identity: Identity | None = None, limits: Limits | None = None) -> None:
+                 identity: Identity | None = None, limits: Limits | None = None,
+                 local: bool = False, home: str | None = None) -> None:
         self.hardened = False
         self.identity = identity or Identity()
         self.limits = limits or Limits()
         self.workspace = os.path.realpath(workspace)
-        self.home = _agent_home(self.workspace, self.identity)
+        if local:
+            self.home: str | None = _local_home(self.workspace, self.identity, home)
+        else:
+            self.home = _agent_home(self.workspace, self.identity)
         self.identity.adopt([self.workspace])
         # Fixed for the container's life, so worked out once, not per call: the agent's
         # environment (the container's, set by the image and the host, never by the agent, with
         # the agent's HOME), the declared tools' one, and the shim's own hash.
         self.agent_env = dict(os.environ, **({"HOME": self.home} if self.home else {}))
-        self.tool_env = _tool_env()
+        self.tool_env = _tool_env(os.path.abspath(workspace))
         self.sha256 = _own_sha256()
         self.index = WorkspaceIndex(self.workspace)
         # Made while acting as the agent: inotify instances and watches are charged to the uid
@@ -1529,7 +1649,25 @@ def _agent_home(workspace: str, identity: Identity) -> str | None:
     return home
 
 
-def _tool_env() -> dict[str, str]:
+def _local_home(workspace: str, identity: Identity, home: str | None) -> str:
+    """Local mode's HOME for the agent's commands: ``home`` or ``<workspace>.home``, beside the
+    workspace in the episode's temp folder; never the user's own home (which container mode
+    would hand to the agent) nor ``/tmp/.home`` (shared by everything on the machine)."""
+    home = os.path.abspath(home or workspace + ".home")
+    try:
+        os.mkdir(home, 0o700)
+        made = True
+    except FileExistsError:
+        made = False
+    st = os.lstat(home)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError("the agent's HOME %s is not a folder" % home)
+    if identity.agent is not None and (made or st.st_uid in (os.geteuid(), identity.agent[0])):
+        os.lchown(home, *identity.agent)
+    return home
+
+
+def _tool_env(workspace: str) -> dict[str, str]:
     """The environment of image-declared tools: the container's, without anything that makes
     an interpreter load code from elsewhere, and a HOME the agent cannot write."""
     env = {
@@ -1539,7 +1677,7 @@ def _tool_env() -> dict[str, str]:
         and key not in ("BASH_ENV", "ENV", "HOME")
     }
     env.update(HOME="/nonexistent", PYTHONNOUSERSITE="1", PYTHONSAFEPATH="1", PYTHONDONTWRITEBYTECODE="1",
-               SOFTPROBE_WORKSPACE="/workspace")
+               SOFTPROBE_WORKSPACE=workspace)
     return env
 
 
@@ -1687,9 +1825,15 @@ def main(argv: list[str]) -> int:
     manifest = DEFAULT_MANIFEST
     digest_mode = "inotify"
     numbers: dict[str, int] = {}
+    local_asked = False
+    home = None
     it = iter(argv)
     for arg in it:
-        if arg == "--workspace":
+        if arg == "--local":
+            local_asked = True
+        elif arg == "--home":
+            home = next(it)
+        elif arg == "--workspace":
             workspace = next(it)
         elif arg == "--manifest":
             manifest = next(it)
@@ -1697,6 +1841,17 @@ def main(argv: list[str]) -> int:
             digest_mode = next(it)
         elif arg.startswith("--") and arg[2:].replace("-", "_") in _NUMERIC_OPTIONS:
             numbers[arg[2:].replace("-", "_")] = int(next(it))
+    if local_asked and os.getpid() == 1:
+        sys.stderr.write("softprobe shim: refusing --local as PID 1 of a PID namespace (a container's init)\n")
+        return 2
+    # Not PID 1 of its own PID namespace: not alone in a container, so touch only what it starts.
+    local = local_asked or os.getpid() != 1
+    if local:
+        sys.stderr.write(
+            "softprobe shim: local mode (pid %d, not a container's init): no process sweep, system "
+            "folders and uids left alone; a command that leaves its session can outlive its step, "
+            "so this is for development and tests, not untrusted agents\n" % os.getpid()
+        )
     # Tools must not inherit the protocol streams.
     stdin = os.fdopen(os.dup(0), "rb", buffering=0)
     stdout = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -1706,19 +1861,24 @@ def main(argv: list[str]) -> int:
     hardened = harden()
     # A tool running as root (user="0") could otherwise interrupt the shim with SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    agent = _ids(numbers, "agent")
+    identity = Identity(agent=agent, tool=_ids(numbers, "tool") or agent)
     if os.geteuid() == 0:
-        _close_scratch_folders()
-        os.setgroups([])  # acting as the agent must not keep root's supplementary groups
-    if numbers.get("max_processes"):
+        if not local:  # it changes the machine's folders: in a container of its own only
+            _close_scratch_folders()
+        if not local or identity.agent is not None:
+            os.setgroups([])  # acting as the agent must not keep root's supplementary groups
+    if numbers.get("max_processes") and (not local or identity.agent is not None):
         # Per real uid, so per episode (each has its own uids); the shim itself (uid 0) is exempt.
         # Under gVisor the container's pids limit counts the sandbox kernel's threads, not the
-        # agent's processes: this is what stops a fork bomb there.
+        # agent's processes: this is what stops a fork bomb there. In local mode only for an
+        # agent uid of its own: the limit counts every process of the uid on the machine.
         import resource
 
         limit = numbers["max_processes"]
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-    agent = _ids(numbers, "agent")
-    identity = Identity(agent=agent, tool=_ids(numbers, "tool") or agent)
+    if local:
+        _become_subreaper()
     limits = Limits(
         quota_bytes=numbers.get("quota_bytes", 0),
         quota_inodes=numbers.get("quota_inodes", 0),
@@ -1726,7 +1886,7 @@ def main(argv: list[str]) -> int:
         max_changed=numbers.get("max_changed_paths", DEFAULT_MAX_CHANGED_PATHS),
         max_timeout_s=numbers.get("max_timeout_s", int(MAX_TIMEOUT_S)),
     )
-    shim = Shim(workspace, manifest, digest_mode, identity, limits)
+    shim = Shim(workspace, manifest, digest_mode, identity, limits, local=local, home=home)
     shim.hardened = hardened
     reader = _LineReader(stdin)
     while True:
