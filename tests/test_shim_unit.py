@@ -310,7 +310,8 @@ def test_declared_tools_start_outside_the_workspace(tmp_path):
     tools = {"where": {"command": [sys.executable, "-c", "import os; print(os.getcwd(), os.environ['SOFTPROBE_WORKSPACE'])"]}}
     with LocalShim(workspace, tools) as local:
         reply = json.loads(local.call("where"))
-    assert reply["result"]["observation"] == "/ /workspace\n", reply
+    # SOFTPROBE_WORKSPACE names the workspace the shim serves (/workspace in a container).
+    assert reply["result"]["observation"] == f"/ {workspace}\n", reply
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root (CI runs as root)")

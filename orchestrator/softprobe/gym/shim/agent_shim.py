@@ -28,7 +28,19 @@ Invariants the host relies on:
   ``workspace_digest`` describes the world the next step starts from;
 - file tools never touch anything outside the workspace, after resolving symlinks;
 - tool output is capped; the cap keeps the head and the tail around a visible marker.
+
+Local mode (``--local``, and whenever the shim is not PID 1 of its own PID namespace): the same
+shim run as a plain process on a developer's machine or in CI, in a private temp folder. It then
+never touches what it did not start: no ``kill(-1)`` sweep, no change to system folders, no
+setgroups, uid switch or process limit unless ``--agent-uid`` asks for one, HOME beside the
+workspace (``<workspace>.home``, or ``--home``). Each command runs in its own session; after it,
+the shim kills that session and, as a child subreaper, every orphan handed back to it. A process
+that leaves both (``setsid`` and a parent that stays alive outside them, or a subreaper of its own
+that outlives the sweep) can survive its step, and nothing confines commands to the workspace:
+local mode is for development and tests, never for untrusted agents.
 """
+
+from __future__ import annotations  # annotations stay strings: free at start-up, fine on 3.8
 
 import contextlib
 import hashlib
@@ -43,6 +55,27 @@ import struct
 import subprocess
 import sys
 import time
+
+# The usual ``typing.TYPE_CHECKING``, without importing typing (tens of milliseconds at a cold
+# start in an image); type checkers treat any name ``TYPE_CHECKING`` as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+    from io import FileIO
+    from typing import Any, NoReturn
+
+    #: A workspace entry as the digest sees it: (kind "f"/"d"/"l"/"o", permission bits, content).
+    Entry = tuple[str, int, str]
+    #: The stat fields a cached file hash is valid for: (size, mtime_ns, ctime_ns, inode).
+    Signature = tuple[int, int, int, int]
+    #: A (uid, gid) pair.
+    Ids = tuple[int, int]
+    #: What a type check of a JSON argument accepts: one Python type or several.
+    Kind = type | tuple[type, ...]
+    #: A built-in tool's result: (observation, diagnostics, the workspace paths it changed itself,
+    #: or None when a process ran and anything may have changed).
+    ToolResult = tuple[Any, dict[str, Any], list[bytes] | None]
+    BuiltinTool = Callable[[dict[str, Any], float, int], ToolResult]
 
 PROTOCOL_VERSION = 1
 SHIM_VERSION = "1.0"
@@ -67,19 +100,19 @@ RACY_WINDOW_NS = 2_000_000_000
 class ToolError(Exception):
     """An agent-facing tool failure: becomes ``result.error``, never a crashed shim."""
 
-    def __init__(self, type_, message, diagnostics=None):
+    def __init__(self, type_: str, message: str, diagnostics: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.type = type_
         self.message = message
         self.diagnostics = diagnostics or {}
 
 
-def printable(raw):
+def printable(raw: bytes) -> str:
     """A path (bytes) as JSON-safe text: undecodable bytes shown as backslash escapes."""
     return raw.decode("utf-8", "backslashreplace")
 
 
-def _sorted_text(raws):
+def _sorted_text(raws: Iterable[bytes]) -> list[str]:
     return sorted(printable(rel) for rel in raws)
 
 
@@ -96,29 +129,30 @@ class WorkspaceIndex:
     on its path to the root. File hashes are cached by stat signature.
     """
 
-    def __init__(self, root):
+    def __init__(self, root: str | bytes) -> None:
         self.root = os.fsencode(root)
-        self.entries = {}  # relpath (bytes) -> (kind, mode, content_hash)
-        self.signatures = {}  # relpath -> stat signature that content_hash is valid for
-        self.children = {b"": set()}  # directory relpath -> names in it
-        self.sizes = {}  # relpath -> bytes it holds on disk (files: apparent or allocated, larger)
+        self.entries: dict[bytes, Entry] = {}  # relpath (bytes) -> (kind, mode, content_hash)
+        self.signatures: dict[bytes, Signature] = {}  # relpath -> stat signature content_hash is valid for
+        self.children: dict[bytes, set[bytes]] = {b"": set()}  # directory relpath -> names in it
+        # relpath -> bytes it holds on disk (files: apparent or allocated, larger)
+        self.sizes: dict[bytes, int] = {}
         self.total_bytes = 0
         # Files with more than one hard link can change through a name outside the workspace,
         # which inotify on the workspace never reports: they are re-read on every refresh.
-        self.linked = set()
-        self.unreadable = set()  # entries the hasher could not read (folded in by metadata)
-        self._dir_hashes = {}  # directory relpath -> hex digest (cache)
+        self.linked: set[bytes] = set()
+        self.unreadable: set[bytes] = set()  # entries the hasher could not read (folded in by metadata)
+        self._dir_hashes: dict[bytes, str] = {}  # directory relpath -> hex digest (cache)
 
     @property
-    def digest(self):
+    def digest(self) -> str:
         return "sha256:" + self._dir_hash(b"")
 
     @property
-    def complete(self):
+    def complete(self) -> bool:
         """False when some entry could only be folded into the digest by its metadata."""
         return not self.unreadable
 
-    def _set(self, rel, entry, sig, size, linked):
+    def _set(self, rel: bytes, entry: Entry, sig: Signature | None, size: int, linked: bool) -> None:
         self.entries[rel] = entry
         self.signatures.pop(rel, None)
         if sig is not None:
@@ -134,22 +168,22 @@ class WorkspaceIndex:
         else:
             self.unreadable.discard(rel)
 
-    def _drop(self, rel):
+    def _drop(self, rel: bytes) -> None:
         self.entries.pop(rel, None)
         self.signatures.pop(rel, None)
         self.total_bytes -= self.sizes.pop(rel, 0)
         self.linked.discard(rel)
         self.unreadable.discard(rel)
 
-    def scan(self):
+    def scan(self) -> list[str]:
         """Walk the whole tree; return the paths that changed since the previous scan (text)."""
         return _sorted_text(self.scan_raw())
 
-    def update_paths(self, rels):
+    def update_paths(self, rels: Iterable[bytes]) -> list[str]:
         """Re-read ``rels`` (bytes) and their parents; return the changed paths (text)."""
         return _sorted_text(self.update_raw(rels))
 
-    def scan_raw(self):
+    def scan_raw(self) -> list[bytes]:
         """As :meth:`scan`, returning unsorted paths as bytes."""
         started_ns = time.time_ns()
         old_entries, old_signatures = self.entries, self.signatures
@@ -181,19 +215,20 @@ class WorkspaceIndex:
         self._dir_hashes = {}
         return changed
 
-    def update_raw(self, rels):
+    def update_raw(self, rels: Iterable[bytes]) -> list[bytes]:
         """Re-read only ``rels`` (and their parents), plus every multiply-linked file; return the
         paths (bytes) that changed."""
         started_ns = time.time_ns()
-        touched = set()
+        touched: set[bytes] = set()
         for rel in set(rels) | self.linked:
             parts = rel.split(b"/")
             for i in range(1, len(parts) + 1):
                 touched.add(b"/".join(parts[:i]))
-        changed = []
+        changed: list[bytes] = []
         for rel in sorted(touched, key=lambda r: r.count(b"/")):  # parents first
             old = self.entries.get(rel)
             path = os.path.join(self.root, rel)
+            st: os.stat_result | None
             try:
                 st = os.lstat(path)
             except OSError:
@@ -216,15 +251,16 @@ class WorkspaceIndex:
                 self.children.setdefault(rel, set())
         return list(set(changed))
 
-    def _forget(self, rel):
+    def _forget(self, rel: bytes) -> None:
         self._drop(rel)
         parent, _, name = rel.rpartition(b"/")
         self.children.get(parent, set()).discard(name)
         self._invalidate(parent)
 
-    def _drop_subtree(self, rel):
+    def _drop_subtree(self, rel: bytes) -> list[bytes]:
         """Forget everything below directory ``rel``; return what was there."""
-        gone, stack = [], [rel]
+        gone: list[bytes] = []
+        stack = [rel]
         while stack:
             directory = stack.pop()
             for name in self.children.pop(directory, set()):
@@ -236,14 +272,14 @@ class WorkspaceIndex:
             self._dir_hashes.pop(directory, None)
         return gone
 
-    def _invalidate(self, directory):
+    def _invalidate(self, directory: bytes) -> None:
         while True:
             self._dir_hashes.pop(directory, None)
             if not directory:
                 return
             directory = directory.rpartition(b"/")[0]
 
-    def _dir_hash(self, rel):
+    def _dir_hash(self, rel: bytes) -> str:
         """The hash of directory ``rel``, computed bottom-up without recursion (trees can be deep)."""
         pending = [rel]
         while pending:
@@ -252,7 +288,7 @@ class WorkspaceIndex:
                 pending.pop()
                 continue
             names = sorted(self.children.get(directory, ()))
-            missing = []
+            missing: list[bytes] = []
             for name in names:
                 child = directory + b"/" + name if directory else name
                 if self.entries[child][0] == "d" and child not in self._dir_hashes:
@@ -271,7 +307,9 @@ class WorkspaceIndex:
             pending.pop()
         return self._dir_hashes[rel]
 
-    def _entry(self, path, st, started_ns, cached):
+    def _entry(
+        self, path: bytes, st: os.stat_result, started_ns: int, cached: tuple[Entry | None, Signature | None]
+    ) -> tuple[Entry, Signature | None, int, bool]:
         """(entry, cache signature, bytes held, multiply linked) for one lstat result.
 
         ``cached`` is the previous (entry, signature) of the path: a file whose stat signature
@@ -284,7 +322,8 @@ class WorkspaceIndex:
             try:
                 return ("l", 0, hashlib.sha256(os.readlink(path)).hexdigest()), None, 0, False
             except OSError as err:
-                return ("l", 0, "unreadable:%d" % err.errno), None, 0, False
+                # An OSError from a system call always carries its errno (typeshed allows None).
+                return ("l", 0, "unreadable:%d" % err.errno), None, 0, False  # type: ignore[str-format]
         if stat.S_ISDIR(st.st_mode):
             return ("d", mode, ""), None, 0, False
         if not stat.S_ISREG(st.st_mode):
@@ -323,11 +362,11 @@ class ChangeTracker:
     MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE
             | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | IN_DONT_FOLLOW)
 
-    def __init__(self, root):
+    def __init__(self, root: str | bytes) -> None:
         self.root = os.fsencode(root)
-        self.fd = None
-        self.watches = {}  # wd -> relative directory path (bytes)
-        self.watched = set()  # the paths in watches.values()
+        self.fd: int | None = None
+        self.watches: dict[int, bytes] = {}  # wd -> relative directory path (bytes)
+        self.watched: set[bytes] = set()  # the paths in watches.values()
         try:
             import ctypes
 
@@ -339,16 +378,16 @@ class ChangeTracker:
             self.fd = None
 
     @property
-    def usable(self):
+    def usable(self) -> bool:
         return self.fd is not None
 
-    def watch_all(self, directories):
+    def watch_all(self, directories: Iterable[bytes]) -> bool:
         """Watch the root and ``directories`` (relative); False if the kernel refuses one."""
         self.watches.clear()
         self.watched.clear()
         return all(self._watch(rel) for rel in [b""] + sorted(directories))
 
-    def _watch(self, rel):
+    def _watch(self, rel: bytes) -> bool:
         path = os.path.join(self.root, rel) if rel else self.root
         wd = self.libc.inotify_add_watch(self.fd, path, self.MASK)
         if wd < 0:
@@ -357,10 +396,13 @@ class ChangeTracker:
         self.watched.add(rel)
         return True
 
-    def changes(self):
+    def changes(self) -> tuple[set[bytes], bool]:
         """(paths that changed, exact): not exact after an overflow, a renamed folder or a
         folder that could not be walked; the paths seen are kept all the same."""
-        changed, exact = set(), True
+        changed: set[bytes] = set()
+        exact = True
+        if self.fd is None:  # not usable: callers check first, but it can only mean "rescan"
+            return changed, False
         while True:
             try:
                 data = os.read(self.fd, 1 << 16)
@@ -375,7 +417,9 @@ class ChangeTracker:
                     exact = False
                     continue
                 if mask & self.IN_IGNORED:
-                    self.watched.discard(self.watches.pop(wd, None))
+                    gone = self.watches.pop(wd, None)
+                    if gone is not None:
+                        self.watched.discard(gone)
                     continue
                 directory = self.watches.get(wd)
                 if directory is None:
@@ -390,7 +434,7 @@ class ChangeTracker:
         return changed, exact
 
 
-def _walk_folders_first(tracker, rel, changed):
+def _walk_folders_first(tracker: ChangeTracker, rel: bytes, changed: set[bytes]) -> bool:
     """Watch the new folder ``rel`` and everything below it, each folder *before* it is listed:
     what appears in it later raises an event, what was there already is listed. Returns False
     when the kernel refused a watch."""
@@ -420,12 +464,13 @@ def _walk_folders_first(tracker, rel, changed):
     return ok
 
 
-def _walk(root, rel=b""):
+def _walk(root: bytes, rel: bytes = b"") -> list[tuple[bytes, bool]]:
     """(relative path, is a folder) for ``rel`` and everything below it, without recursion
     (os.walk recurses: a folder 1,500 levels deep would crash it); unreadable folders are
     skipped. Symlinks are not followed."""
     top = os.path.join(root, rel) if rel else root
-    out, stack = [], [rel]
+    out: list[tuple[bytes, bool]] = []
+    stack = [rel]
     if rel:
         out.append((rel, os.path.isdir(top) and not os.path.islink(top)))
     while stack:
@@ -447,7 +492,7 @@ def _walk(root, rel=b""):
     return out
 
 
-def _measure(root):
+def _measure(root: bytes) -> tuple[int, int]:
     """(bytes held, entries) of the tree at ``root``, by a walk."""
     total, count = 0, 0
     for rel, _is_dir in _walk(root):
@@ -461,7 +506,7 @@ def _measure(root):
     return total, count
 
 
-def _hash_file(path, st):
+def _hash_file(path: bytes, st: os.stat_result) -> str:
     """sha256 of a regular file's content. The shim reads as root (CAP_DAC_READ_SEARCH), so mode
     000 does not hide content; what still cannot be read is folded in by its metadata, marked
     ``unreadable`` so the digest says it is incomplete."""
@@ -475,7 +520,8 @@ def _hash_file(path, st):
                     break
                 h.update(chunk)
     except OSError as err:
-        return "unreadable:%d:%d:%d" % (err.errno, st.st_size, st.st_mtime_ns)
+        # An OSError from a system call always carries its errno (typeshed allows None).
+        return "unreadable:%d:%d:%d" % (err.errno, st.st_size, st.st_mtime_ns)  # type: ignore[str-format]
     return h.hexdigest()
 
 
@@ -486,13 +532,13 @@ def _hash_file(path, st):
 class CappedOutput:
     """Keeps the first and last ``cap // 2`` bytes of a stream, counting what was dropped."""
 
-    def __init__(self, cap):
+    def __init__(self, cap: int) -> None:
         self.cap = max(int(cap), 64)
         self.head = bytearray()
         self.tail = bytearray()
         self.total = 0
 
-    def add(self, data):
+    def add(self, data: bytes) -> None:
         self.total += len(data)
         room = self.cap // 2 - len(self.head)
         if room > 0:
@@ -505,10 +551,10 @@ class CappedOutput:
                 del self.tail[: len(self.tail) - keep]
 
     @property
-    def truncated(self):
+    def truncated(self) -> bool:
         return self.total > self.cap
 
-    def text(self):
+    def text(self) -> str:
         if not self.truncated:
             return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace")
         keep = self.cap - self.cap // 2
@@ -522,7 +568,7 @@ class CappedOutput:
 # Processes
 
 
-def _oom_kills():
+def _oom_kills() -> int | None:
     """The container cgroup's OOM-kill counter (cgroup v2 or v1), or None if unreadable."""
     for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
         try:
@@ -536,11 +582,97 @@ def _oom_kills():
     return None
 
 
-def _other_pids(me):
+def _other_pids(me: int) -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != me]
 
 
-def clear_processes(deadline_s=SWEEP_DEADLINE_S):
+#: Set by ``main`` in local mode once the shim is a child subreaper: every process left with no
+#: parent below the shim is then handed to it, and its children are all its own commands'.
+_local_children_swept = False
+
+
+def _proc_stat(pid: int) -> tuple[int, int, str] | None:
+    """(parent pid, session id, state letter) of ``pid`` from /proc; None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()  # the name in parentheses may hold spaces
+    try:
+        return int(fields[1]), int(fields[3]), fields[0].decode("ascii", "replace")
+    except (IndexError, ValueError):
+        return None
+
+
+def _kill_session(sid: int, deadline_s: float = SWEEP_DEADLINE_S) -> bool:
+    """Local mode: kill every live process of session ``sid`` (a command started with
+    ``start_new_session``); True when none is left.
+
+    Called before the session's leader is reaped: until then no process can get ``sid`` as its
+    pid or session, so every process found in the session is one the command started. Each is
+    signalled through a pidfd opened and checked first, so a pid reused meanwhile is never hit.
+    """
+    deadline = time.monotonic() + deadline_s
+    while True:
+        alive = False
+        for pid in _other_pids(os.getpid()):
+            info = _proc_stat(pid)
+            if info is None or info[1] != sid or info[2] in ("Z", "X"):
+                continue
+            alive = True
+            _kill_if_in_session(pid, sid)
+        if not alive:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+
+
+def _kill_if_in_session(pid: int, sid: int) -> None:
+    pidfd = _pidfd(pid)
+    if pidfd is None:
+        if hasattr(os, "pidfd_open"):
+            return  # gone already
+        # Python 3.8 has no pidfds: the pid could in principle be reused between the look and the
+        # kill; local mode runs on the developer's own (newer) Python.
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        return
+    try:
+        info = _proc_stat(pid)  # the pidfd pins the process: if it still has the pid, this is it
+        if info is not None and info[1] == sid:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass  # exited meanwhile
+    finally:
+        os.close(pidfd)
+
+
+def _clear_children(me: int, deadline_s: float) -> bool:
+    """Local mode, as a child subreaper: kill and reap every child of the shim (its commands and
+    the orphans they left) until it has none; their children become its own in turn."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        reap_orphans()
+        left = False
+        for pid in _other_pids(me):
+            info = _proc_stat(pid)
+            if info is None or info[0] != me:
+                continue
+            left = True  # a zombie child is reaped on the next round
+            if info[2] not in ("Z", "X"):
+                # A child's pid cannot be reused before the shim reaps it.
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        if not left:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+
+
+def clear_processes(deadline_s: float = SWEEP_DEADLINE_S) -> bool:
     """Kill and reap every other process of the container; True when /proc shows only the shim.
 
     As PID 1, ``kill(-1, SIGKILL)`` reaches every other process of the namespace at once (threads,
@@ -550,8 +682,12 @@ def clear_processes(deadline_s=SWEEP_DEADLINE_S):
     """
     me = os.getpid()
     if me != 1:
-        # Not a container's init (the shim run directly, as the unit tests do): kill(-1) would
-        # reach every process this user may signal on the machine, so touch nobody else.
+        # Not a container's init (local mode, or the shim's classes used in-process as the unit
+        # tests do): kill(-1) would reach every process this user may signal on the machine, so
+        # touch nobody else. In local mode the shim's own children are its commands' (it is
+        # their subreaper); each command's session was killed already (run_process).
+        if _local_children_swept:
+            return _clear_children(me, deadline_s)
         reap_orphans()
         return True
     deadline = time.monotonic() + deadline_s
@@ -579,14 +715,14 @@ class Identity:
     the shim's own uid (the image's user), as before.
     """
 
-    def __init__(self, agent=None, tool=None):
+    def __init__(self, agent: Ids | None = None, tool: Ids | None = None) -> None:
         self.privileged = os.geteuid() == 0
         self.agent = agent if self.privileged else None  # (uid, gid) or None
         self.tool = (tool or agent) if self.privileged else None
         self.setpriv = _root_owned_program("/usr/bin/setpriv") or _root_owned_program("/bin/setpriv")
 
     @contextlib.contextmanager
-    def acting_as_agent(self):
+    def acting_as_agent(self) -> Iterator[None]:
         if self.agent is None:
             yield
             return
@@ -598,7 +734,7 @@ class Identity:
             os.seteuid(0)
             os.setegid(0)
 
-    def spawn(self, who, argv):
+    def spawn(self, who: str, argv: list[str]) -> tuple[list[str], dict[str, Any]]:
         """(argv, Popen arguments) that start ``argv`` as ``who`` ("agent" or "tool").
 
         With util-linux's ``setpriv`` in the image (every Debian-based one) the shim execs it to
@@ -618,12 +754,12 @@ class Identity:
         return argv, self._setuid_kwargs(uid, gid)
 
     @staticmethod
-    def _setuid_kwargs(uid, gid):
+    def _setuid_kwargs(uid: int, gid: int) -> dict[str, Any]:
         import ctypes
 
         prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
 
-        def drop():
+        def drop() -> None:
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
@@ -632,7 +768,7 @@ class Identity:
         # A preexec function, so that no_new_privs is set too (Popen's uid arguments cannot).
         return {"preexec_fn": drop}
 
-    def adopt(self, paths):
+    def adopt(self, paths: Iterable[str]) -> None:
         """Give the agent every entry under ``paths`` (a checkpoint's files still belong to the
         parent episode's uid; a seed archive's to root)."""
         if self.agent is None:
@@ -649,7 +785,7 @@ class Identity:
                 _lchown(os.path.join(os.fsencode(top), rel), uid, gid)
 
 
-def _root_owned_program(path):
+def _root_owned_program(path: str) -> str | None:
     """``path`` if it is an executable regular file only root can change, else None."""
     try:
         st = os.stat(path)
@@ -661,7 +797,7 @@ def _root_owned_program(path):
     return None
 
 
-def _lchown(path, uid, gid):
+def _lchown(path: bytes, uid: int, gid: int) -> None:
     """Give ``path`` to uid:gid, unless root owns it: an agent that hard-linked a root-owned
     file into its workspace must not be handed that file."""
     try:
@@ -677,7 +813,16 @@ def _lchown(path, uid, gid):
         pass
 
 
-def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b"", spawn=None, env=None, over_quota=None):
+def run_process(
+    argv: list[str],
+    cwd: str,
+    timeout_s: float,
+    output_cap: int,
+    stdin_data: bytes = b"",
+    spawn: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    over_quota: Callable[[], str | None] | None = None,
+) -> tuple[int, CappedOutput, dict[str, Any]]:
     """Run ``argv`` in its own process group; return (exit_code, CappedOutput, diagnostics).
 
     ``spawn`` holds Popen arguments that set the process's uid (see :class:`Identity`), ``env``
@@ -699,11 +844,13 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b"", spawn=None, en
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env=env,
-            **(spawn or {})
+            **(spawn or {}),
         )
     except (OSError, subprocess.SubprocessError) as err:
-        raise ToolError("command_failed", "could not start %s: %s" % (argv[0], getattr(err, "strerror", None) or err))
+        reason = getattr(err, "strerror", None) or err
+        raise ToolError("command_failed", "could not start %s: %s" % (argv[0], reason)) from err
     if stdin_data:
+        assert proc.stdin is not None  # stdin=PIPE
         try:
             proc.stdin.write(stdin_data)
         except OSError:
@@ -721,11 +868,15 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b"", spawn=None, en
         if pidfd is not None:
             os.close(pidfd)
         _kill_group(proc.pid)
+        # Not a container's init: no kill(-1) below, so end the command's whole session here,
+        # while its leader is unreaped (its id then names nobody else).
+        session_cleared = os.getpid() == 1 or _kill_session(proc.pid)
+        assert proc.stdout is not None  # stdout=PIPE
         proc.stdout.close()
         exit_code = proc.wait()
-        if not clear_processes():
+        if not clear_processes() or not session_cleared:
             raise ShimBroken("a process of the step could not be killed within %gs" % SWEEP_DEADLINE_S)
-    diagnostics = {
+    diagnostics: dict[str, Any] = {
         "exit_code": exit_code,
         "command_ms": round((time.monotonic() - started) * 1000, 3),
         "output_bytes": output.total,
@@ -759,9 +910,16 @@ def run_process(argv, cwd, timeout_s, output_cap, stdin_data=b"", spawn=None, en
     return exit_code, output, diagnostics
 
 
-def _wait_for(proc, pidfd, output, deadline, over_quota):
+def _wait_for(
+    proc: subprocess.Popen[bytes],
+    pidfd: int | None,
+    output: CappedOutput,
+    deadline: float,
+    over_quota: Callable[[], str | None] | None,
+) -> tuple[bool, str | None]:
     """Collect ``proc``'s output until it exits, the deadline passes or ``over_quota`` returns a
     message; return (timed out, quota message)."""
+    assert proc.stdout is not None  # stdout=PIPE
     fd = proc.stdout.fileno()
     timed_out = False
     with selectors.DefaultSelector() as sel:
@@ -769,7 +927,7 @@ def _wait_for(proc, pidfd, output, deadline, over_quota):
         if pidfd is not None:
             sel.register(pidfd, selectors.EVENT_READ, "exit")
         exited = False
-        quota_message = None
+        quota_message: str | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -796,7 +954,7 @@ def _wait_for(proc, pidfd, output, deadline, over_quota):
     return timed_out, quota_message
 
 
-def reap_orphans():
+def reap_orphans() -> int:
     """As PID 1, collect the exit status of orphaned processes (no zombies pile up); return how
     many were collected."""
     reaped = 0
@@ -810,26 +968,40 @@ def reap_orphans():
         reaped += 1
 
 
-def harden():
+def _become_subreaper() -> None:
+    """Local mode: be the child subreaper of the commands, so that their orphans are handed to the
+    shim (and swept after the step), not to the machine's init."""
+    global _local_children_swept
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        _local_children_swept = libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def harden() -> bool:
     """Make this process non-dumpable: its /proc entries (fds included) become root's, so
     processes of the same uid cannot open its pipes or ptrace it. Returns whether it worked."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE, 0
+        done: bool = libc.prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE, 0
+        return done
     except (OSError, AttributeError):
         return False
 
 
-def _pidfd(pid):
+def _pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
 
 
-def _kill_group(pgid):
+def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
@@ -843,8 +1015,8 @@ def _kill_group(pgid):
 class Limits:
     """The per-episode limits the host passed on the command line (0 = unlimited)."""
 
-    def __init__(self, quota_bytes=0, quota_inodes=0, max_list=DEFAULT_MAX_LIST_ENTRIES,
-                 max_changed=DEFAULT_MAX_CHANGED_PATHS, max_timeout_s=MAX_TIMEOUT_S):
+    def __init__(self, quota_bytes: int = 0, quota_inodes: int = 0, max_list: int = DEFAULT_MAX_LIST_ENTRIES,
+                 max_changed: int = DEFAULT_MAX_CHANGED_PATHS, max_timeout_s: float = MAX_TIMEOUT_S) -> None:
         self.quota_bytes = quota_bytes
         self.quota_inodes = quota_inodes
         self.max_list = max_list
@@ -853,29 +1025,34 @@ class Limits:
 
 
 class Shim:
-    def __init__(self, workspace, manifest_path, digest_mode="inotify", identity=None, limits=None):
+    def __init__(self, workspace: str, manifest_path: str, digest_mode: str = "inotify",
+                 identity: Identity | None = None, limits: Limits | None = None,
+                 local: bool = False, home: str | None = None) -> None:
         self.hardened = False
         self.identity = identity or Identity()
         self.limits = limits or Limits()
         self.workspace = os.path.realpath(workspace)
-        self.home = _agent_home(self.workspace, self.identity)
+        if local:
+            self.home: str | None = _local_home(self.workspace, self.identity, home)
+        else:
+            self.home = _agent_home(self.workspace, self.identity)
         self.identity.adopt([self.workspace])
         # Fixed for the container's life, so worked out once, not per call: the agent's
         # environment (the container's, set by the image and the host, never by the agent, with
         # the agent's HOME), the declared tools' one, and the shim's own hash.
         self.agent_env = dict(os.environ, **({"HOME": self.home} if self.home else {}))
-        self.tool_env = _tool_env()
+        self.tool_env = _tool_env(os.path.abspath(workspace))
         self.sha256 = _own_sha256()
         self.index = WorkspaceIndex(self.workspace)
         # Made while acting as the agent: inotify instances and watches are charged to the uid
         # that made the instance, so a workspace of 10^5 folders uses up the episode's watches,
         # never root's (shared by every container and the host).
         with self.identity.acting_as_agent():
-            self.tracker = ChangeTracker(self.workspace) if digest_mode == "inotify" else None
+            self.tracker: ChangeTracker | None = ChangeTracker(self.workspace) if digest_mode == "inotify" else None
         self._reset_pending()
         self.full_scan()
         self.declared = load_manifest(manifest_path)
-        self.builtins = {
+        self.builtins: dict[str, BuiltinTool] = {
             "fs.read": self.fs_read,
             "fs.write": self.fs_write,
             "fs.list": self.fs_list,
@@ -885,7 +1062,8 @@ class Shim:
 
     # -- protocol ------------------------------------------------------------------------------
 
-    def handle(self, request):
+    def handle(self, request: dict[str, Any]) -> Any:
+        """Answer one request; the result is a JSON value."""
         op = request.get("op")
         if op == "hello":
             if request.get("protocol") != PROTOCOL_VERSION:
@@ -908,7 +1086,7 @@ class Shim:
             return self.seed(request)
         raise ProtocolError("unknown op %r" % (op,))
 
-    def full_scan(self):
+    def full_scan(self) -> list[bytes]:
         """Rescan the whole workspace (and re-arm change tracking); return what changed (bytes)."""
         changed = self.index.scan_raw()
         self._reset_pending()
@@ -920,15 +1098,15 @@ class Shim:
                 self.tracker.changes()  # drop events from before the scan
         return changed
 
-    def _reset_pending(self):
-        self._pending = set()  # paths the tracker reported during a step, not yet re-read
-        self._pending_sizes = {}  # path -> (bytes, exists) when the quota poll last looked
+    def _reset_pending(self) -> None:
+        self._pending: set[bytes] = set()  # paths the tracker reported during a step, not yet re-read
+        self._pending_sizes: dict[bytes, tuple[int, int]] = {}  # path -> (bytes, exists) at the last quota poll
         self._pending_delta = 0  # bytes the workspace grew by, by the quota poll's estimate
         self._pending_inodes = 0
         self._inexact = False
         self._next_quota_walk = 0.0
 
-    def _drain(self):
+    def _drain(self) -> set[bytes]:
         """Move the tracker's news into ``_pending``; remember when it cannot say."""
         if self.tracker is None or not self.tracker.usable:
             self._inexact = True
@@ -942,11 +1120,11 @@ class Shim:
         self._pending |= news
         return news
 
-    def refresh(self, touched=None):
+    def refresh(self, touched: Iterable[bytes] | None = None) -> list[str]:
         """As :meth:`refresh_raw`, returning the changed paths sorted, as text."""
         return _sorted_text(self.refresh_raw(touched))
 
-    def refresh_raw(self, touched=None):
+    def refresh_raw(self, touched: Iterable[bytes] | None = None) -> list[bytes]:
         """Bring the digest up to date after a tool ran; return the changed paths (bytes).
 
         ``touched`` lists what a file tool changed itself; None means a process ran, so anything
@@ -962,10 +1140,10 @@ class Shim:
         except Exception:  # whatever went wrong, a full scan is the truth
             return self.full_scan()
 
-    def usage(self):
+    def usage(self) -> tuple[int, int]:
         return self.index.total_bytes, len(self.index.entries)
 
-    def over_quota(self, usage=None):
+    def over_quota(self, usage: tuple[int, int] | None = None) -> str | None:
         """A message when the workspace is over its quota, else None."""
         total_bytes, inodes = usage or self.usage()
         limits = self.limits
@@ -975,7 +1153,7 @@ class Shim:
             return "the workspace holds %d entries, over its quota of %d" % (inodes, limits.quota_inodes)
         return None
 
-    def _poll_quota(self):
+    def _poll_quota(self) -> str | None:
         """While a command runs: estimate the workspace's usage from the tracker's news, or,
         when those cannot be trusted (scan mode, an overflow, a renamed folder), from a walk of
         the workspace (as often as every poll while walks are cheap)."""
@@ -993,14 +1171,14 @@ class Shim:
         for rel in news:
             try:
                 st = os.lstat(os.path.join(self.index.root, rel))
-                now = (max(st.st_size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0, 1)
+                current = (max(st.st_size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0, 1)
             except OSError:
-                now = (0, 0)
+                current = (0, 0)
             known = rel in self.index.entries
             before = self._pending_sizes.get(rel, (self.index.sizes.get(rel, 0), int(known)))
-            self._pending_sizes[rel] = now
-            self._pending_delta += now[0] - before[0]
-            self._pending_inodes += now[1] - before[1]
+            self._pending_sizes[rel] = current
+            self._pending_delta += current[0] - before[0]
+            self._pending_inodes += current[1] - before[1]
         total_bytes, inodes = self.usage()
         estimate = (total_bytes + self._pending_delta, inodes + self._pending_inodes)
         # A workspace that is already over (a step before hit the quota) may still shrink.
@@ -1008,7 +1186,7 @@ class Shim:
             return None
         return self.over_quota(estimate)
 
-    def hello(self):
+    def hello(self) -> dict[str, Any]:
         tools = [{"name": name, "builtin": True} for name in self.builtins]
         tools += [
             {"name": name, "builtin": False, "description": spec.get("description", "")}
@@ -1036,15 +1214,17 @@ class Shim:
             "hardened": self.hardened,
         }
 
-    def call(self, request):
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()
         name = request.get("tool")
         args = request.get("args")
         timeout_s = _bounded_number(request.get("timeout_s"), DEFAULT_TIMEOUT_S, self.limits.max_timeout_s)
         output_cap = int(_bounded_number(request.get("output_cap"), DEFAULT_OUTPUT_CAP, 1 << 30))
         usage_before = self.usage()
-        diagnostics = {}
-        error = None
+        diagnostics: dict[str, Any] = {}
+        error: dict[str, str] | None = None
+        observation: Any
+        touched: list[bytes] | None
         try:
             if not isinstance(args, dict):
                 raise ToolError("invalid_arguments", "args must be a JSON object")
@@ -1094,7 +1274,7 @@ class Shim:
         diagnostics["tool_ms"] = round((time.monotonic() - started) * 1000, 3)
         return {"observation": observation, "error": error, "diagnostics": diagnostics}
 
-    def _reached_file_size_limit(self, changed):
+    def _reached_file_size_limit(self, changed: Iterable[bytes]) -> bool:
         try:
             import resource
 
@@ -1113,7 +1293,7 @@ class Shim:
 
     # -- paths ---------------------------------------------------------------------------------
 
-    def resolve(self, path, must_exist=False):
+    def resolve(self, path: object, must_exist: bool = False) -> str:
         """Map an agent path to an absolute path inside the workspace, or raise ToolError."""
         if not isinstance(path, str) or path == "":
             raise ToolError("invalid_arguments", "path must be a non-empty string")
@@ -1135,12 +1315,12 @@ class Shim:
             raise ToolError("not_found", "%r does not exist" % path)
         return real
 
-    def relative(self, real):
+    def relative(self, real: str) -> bytes:
         return os.fsencode(os.path.relpath(real, self.workspace))
 
     # -- built-in tools ------------------------------------------------------------------------
 
-    def fs_read(self, args, timeout_s, output_cap):
+    def fs_read(self, args: dict[str, Any], timeout_s: float, output_cap: int) -> ToolResult:
         _check_args(args, required={"path": str})
         real = self.resolve(args["path"], must_exist=True)
         if os.path.isdir(real):
@@ -1162,11 +1342,11 @@ class Shim:
                 else:
                     output.add(f.read(output.cap + 1))
         except OSError as err:
-            raise ToolError(_os_error_type(err), "cannot read %r: %s" % (args["path"], err.strerror))
+            raise ToolError(_os_error_type(err), "cannot read %r: %s" % (args["path"], err.strerror)) from err
         diagnostics = {"bytes": output.total, "output_truncated": output.truncated}
         return output.text(), diagnostics, []
 
-    def fs_write(self, args, timeout_s, output_cap):
+    def fs_write(self, args: dict[str, Any], timeout_s: float, output_cap: int) -> ToolResult:
         _check_args(args, required={"path": str}, optional={"content": str})
         content = args.get("content", "")
         real = self.resolve(args["path"])
@@ -1195,10 +1375,10 @@ class Shim:
                 f.truncate(0)
                 f.write(data)
         except OSError as err:
-            raise ToolError(_os_error_type(err), "cannot write %r: %s" % (args["path"], err.strerror))
+            raise ToolError(_os_error_type(err), "cannot write %r: %s" % (args["path"], err.strerror)) from err
         return "wrote %d bytes to %s" % (len(data), args["path"]), {"bytes": len(data)}, [self.relative(real)]
 
-    def fs_list(self, args, timeout_s, output_cap):
+    def fs_list(self, args: dict[str, Any], timeout_s: float, output_cap: int) -> ToolResult:
         _check_args(args, optional={"path": str})
         path = args.get("path", ".")
         real = self.resolve(path, must_exist=True)
@@ -1206,7 +1386,7 @@ class Shim:
             raise ToolError("not_a_directory", "%r is not a directory" % path)
         counted = [0]
 
-        def names(it):
+        def names(it: Iterable[os.DirEntry[str]]) -> Iterator[bytes]:
             for item in it:
                 counted[0] += 1
                 yield os.fsencode(item.name)
@@ -1215,7 +1395,7 @@ class Shim:
             # Only the first max_list names (sorted) are kept, however large the folder.
             with os.scandir(real) as it:
                 shown = heapq.nsmallest(self.limits.max_list, names(it))
-            entries = []
+            entries: list[dict[str, Any]] = []
             budget = NAMES_BYTES
             for raw in shown:
                 budget -= len(raw) * 4 + 40  # what the entry can cost as JSON, at most
@@ -1235,13 +1415,13 @@ class Shim:
                     kind = "other"
                 entries.append({"name": printable(raw), "type": kind, "size": st.st_size})
         except OSError as err:
-            raise ToolError(_os_error_type(err), "cannot list %r: %s" % (path, err.strerror))
-        diagnostics = {"entries": counted[0]}
+            raise ToolError(_os_error_type(err), "cannot list %r: %s" % (path, err.strerror)) from err
+        diagnostics: dict[str, Any] = {"entries": counted[0]}
         if counted[0] > len(entries):
             diagnostics["truncated"] = True
         return entries, diagnostics, []
 
-    def fs_delete(self, args, timeout_s, output_cap):
+    def fs_delete(self, args: dict[str, Any], timeout_s: float, output_cap: int) -> ToolResult:
         _check_args(args, required={"path": str})
         path = args["path"]
         # Deleting a symlink removes the link itself: resolve the parent, keep the last name.
@@ -1258,10 +1438,10 @@ class Shim:
             else:
                 os.unlink(target)
         except OSError as err:
-            raise ToolError(_os_error_type(err), "cannot delete %r: %s" % (path, err.strerror))
+            raise ToolError(_os_error_type(err), "cannot delete %r: %s" % (path, err.strerror)) from err
         return "deleted %s" % path, {}, [self.relative(target)]
 
-    def shell_exec(self, args, timeout_s, output_cap):
+    def shell_exec(self, args: dict[str, Any], timeout_s: float, output_cap: int) -> ToolResult:
         _check_args(args, required={"command": str}, optional={"timeout_s": (int, float)})
         if "timeout_s" in args:
             if args["timeout_s"] <= 0:
@@ -1286,7 +1466,9 @@ class Shim:
 
     # -- declared tools ------------------------------------------------------------------------
 
-    def run_declared(self, name, args, timeout_s, output_cap):
+    def run_declared(
+        self, name: str, args: dict[str, Any], timeout_s: float, output_cap: int
+    ) -> tuple[Any, dict[str, Any]]:
         spec = self.declared[name]
         _check_schema(args, spec.get("args", {}))
         timeout_s = min(float(spec.get("timeout_s", timeout_s)), timeout_s)
@@ -1310,16 +1492,17 @@ class Shim:
         if spec.get("output", "text") == "json" and not output.truncated:
             try:
                 return json.loads(text, parse_constant=_refuse_constant), diagnostics
-            except ValueError:
-                raise ToolError("tool_failed", "%s printed invalid JSON (NaN and Infinity are not JSON)" % name, diagnostics)
+            except ValueError as err:
+                message = "%s printed invalid JSON (NaN and Infinity are not JSON)" % name
+                raise ToolError("tool_failed", message, diagnostics) from err
         return text, diagnostics
 
-    def _quota_polled(self):
+    def _quota_polled(self) -> bool:
         return bool(self.limits.quota_bytes or self.limits.quota_inodes)
 
     # -- seeding -----------------------------------------------------------------------------
 
-    def seed(self, request):
+    def seed(self, request: dict[str, Any]) -> dict[str, Any]:
         """Extract a base64 tar of seed files into the workspace (as the agent user)."""
         import base64
         import io
@@ -1340,21 +1523,23 @@ class Shim:
                     os.symlink(member.linkname, target)
                 else:
                     os.makedirs(os.path.dirname(target), exist_ok=True)
+                    body = archive.extractfile(member)
+                    assert body is not None  # a regular file always has one
                     with open(target, "wb") as out:
-                        out.write(archive.extractfile(member).read())
+                        out.write(body.read())
                     os.chmod(target, member.mode & 0o7777)
         self.full_scan()
         return self.hello()
 
     # -- host helpers (on_step) ----------------------------------------------------------------
 
-    def _exists(self, request):
+    def _exists(self, request: dict[str, Any]) -> bool:
         try:
             return os.path.lexists(self.resolve(request.get("path")))
         except ToolError:
             return False
 
-    def _read_text(self, request):
+    def _read_text(self, request: dict[str, Any]) -> str:
         """Up to ``max_bytes`` of a regular file, for the host's hooks. A FIFO, socket or device
         is refused at once: opening one could block the shim forever."""
         path = request.get("path")
@@ -1363,7 +1548,7 @@ class Shim:
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as err:
-            raise ToolError(_os_error_type(err), "cannot read %r: %s" % (path, err.strerror))
+            raise ToolError(_os_error_type(err), "cannot read %r: %s" % (path, err.strerror)) from err
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise ToolError("not_a_regular_file", "%r is not a regular file" % path)
@@ -1385,7 +1570,7 @@ _FILE_TOO_LARGE = (
 )
 
 
-def _within_bytes(names, budget=None):
+def _within_bytes(names: Iterable[str], budget: int | None = None) -> list[str]:
     """The first of ``names`` whose JSON fits in ``budget`` bytes (NAMES_BYTES): a cap by count
     alone lets 10,000 long, escaped names cost hundreds of MiB."""
     budget = NAMES_BYTES if budget is None else budget
@@ -1401,7 +1586,7 @@ def _within_bytes(names, budget=None):
     return kept
 
 
-def _bounded_number(value, default, upper):
+def _bounded_number(value: object, default: float, upper: float) -> float:
     """A request's number, finite and within (0, upper]; the default when absent."""
     if value is None:
         return default
@@ -1418,7 +1603,7 @@ def _bounded_number(value, default, upper):
 SCRATCH_FOLDERS = ("/var/tmp", "/var/lock", "/run/lock", "/var/mail", "/var/spool/mail")
 
 
-def _close_scratch_folders():
+def _close_scratch_folders() -> None:
     for folder in SCRATCH_FOLDERS:
         try:
             st = os.lstat(folder)
@@ -1428,7 +1613,7 @@ def _close_scratch_folders():
             continue
 
 
-def _agent_home(workspace, identity):
+def _agent_home(workspace: str, identity: Identity) -> str | None:
     """The HOME of the agent's commands: a fresh folder on ``/tmp`` when that is a filesystem of
     its own (the bounded tmpfs of the default settings). Then no folder outside the workspace on
     the workspace's filesystem is the agent's: what it writes there would escape the quota, and
@@ -1439,18 +1624,18 @@ def _agent_home(workspace, identity):
     except OSError:
         on_tmpfs = False
     if on_tmpfs and identity.agent is not None:
-        home = "/tmp/.home"
+        tmp_home = "/tmp/.home"
         try:
-            os.mkdir(home, 0o700)
+            os.mkdir(tmp_home, 0o700)
         except FileExistsError:
             pass
         except OSError:
             return None
         try:
-            os.lchown(home, *identity.agent)
+            os.lchown(tmp_home, *identity.agent)
         except OSError:
             return None
-        return home
+        return tmp_home
     home = os.environ.get("HOME")
     if not home or not os.path.isabs(home) or os.path.realpath(home) == "/":
         return None
@@ -1464,7 +1649,25 @@ def _agent_home(workspace, identity):
     return home
 
 
-def _tool_env():
+def _local_home(workspace: str, identity: Identity, home: str | None) -> str:
+    """Local mode's HOME for the agent's commands: ``home`` or ``<workspace>.home``, beside the
+    workspace in the episode's temp folder; never the user's own home (which container mode
+    would hand to the agent) nor ``/tmp/.home`` (shared by everything on the machine)."""
+    home = os.path.abspath(home or workspace + ".home")
+    try:
+        os.mkdir(home, 0o700)
+        made = True
+    except FileExistsError:
+        made = False
+    st = os.lstat(home)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError("the agent's HOME %s is not a folder" % home)
+    if identity.agent is not None and (made or st.st_uid in (os.geteuid(), identity.agent[0])):
+        os.lchown(home, *identity.agent)
+    return home
+
+
+def _tool_env(workspace: str) -> dict[str, str]:
     """The environment of image-declared tools: the container's, without anything that makes
     an interpreter load code from elsewhere, and a HOME the agent cannot write."""
     env = {
@@ -1474,11 +1677,11 @@ def _tool_env():
         and key not in ("BASH_ENV", "ENV", "HOME")
     }
     env.update(HOME="/nonexistent", PYTHONNOUSERSITE="1", PYTHONSAFEPATH="1", PYTHONDONTWRITEBYTECODE="1",
-               SOFTPROBE_WORKSPACE="/workspace")
+               SOFTPROBE_WORKSPACE=workspace)
     return env
 
 
-def _own_sha256():
+def _own_sha256() -> str:
     try:
         with open(os.path.abspath(__file__), "rb") as f:
             return hashlib.sha256(f.read()).hexdigest()
@@ -1486,7 +1689,7 @@ def _own_sha256():
         return ""
 
 
-def _readable(value):
+def _readable(value: object) -> object:
     """``value`` with every string made valid text (lone surrogates become backslash escapes)."""
     if isinstance(value, str):
         try:
@@ -1504,11 +1707,11 @@ def _readable(value):
     return value
 
 
-def _refuse_constant(name):
+def _refuse_constant(name: str) -> NoReturn:
     raise ValueError("%s is not valid JSON" % name)
 
 
-def load_manifest(path):
+def load_manifest(path: str) -> dict[str, dict[str, Any]]:
     """Read the image's tool manifest; a broken manifest is reported on stderr and ignored."""
     try:
         with open(path) as f:
@@ -1518,7 +1721,7 @@ def load_manifest(path):
     except (OSError, ValueError) as err:
         sys.stderr.write("softprobe shim: ignoring unreadable manifest %s: %s\n" % (path, err))
         return {}
-    tools = {}
+    tools: dict[str, dict[str, Any]] = {}
     for name, spec in (manifest.get("tools") or {}).items():
         command = spec.get("command") if isinstance(spec, dict) else None
         if not (isinstance(command, list) and command and all(isinstance(c, str) for c in command)):
@@ -1528,7 +1731,7 @@ def load_manifest(path):
     return tools
 
 
-_JSON_TYPES = {
+_JSON_TYPES: dict[str, Kind] = {
     "string": str,
     "integer": int,
     "number": (int, float),
@@ -1538,7 +1741,7 @@ _JSON_TYPES = {
 }
 
 
-def _check_schema(args, schema):
+def _check_schema(args: dict[str, Any], schema: dict[str, Any]) -> None:
     """A small JSON-Schema subset for declared tools: required, properties.type, additionalProperties."""
     props = schema.get("properties", {})
     for key in schema.get("required", []):
@@ -1554,10 +1757,11 @@ def _check_schema(args, schema):
             raise ToolError("invalid_arguments", "argument %r must be of type %s" % (key, want))
 
 
-def _check_args(args, required=None, optional=None):
+def _check_args(args: dict[str, Any], required: dict[str, Kind] | None = None,
+                optional: dict[str, Kind] | None = None) -> None:
     required = required or {}
     optional = optional or {}
-    for key, kind in required.items():
+    for key in required:
         if key not in args:
             raise ToolError("invalid_arguments", "missing required argument %r" % key)
     for key, value in args.items():
@@ -1569,17 +1773,17 @@ def _check_args(args, required=None, optional=None):
             raise ToolError("invalid_arguments", "argument %r has the wrong type" % key)
 
 
-def _is_type(value, kind):
+def _is_type(value: object, kind: Kind) -> bool:
     # bool is an int in Python but not in JSON.
     if isinstance(value, bool) and kind is not bool:
         return False
     return isinstance(value, kind)
 
 
-def _os_error_type(err):
+def _os_error_type(err: OSError) -> str:
     import errno
 
-    return {
+    types: dict[int | None, str] = {
         errno.ENOENT: "not_found",
         errno.EACCES: "permission_denied",
         errno.EPERM: "permission_denied",
@@ -1590,10 +1794,11 @@ def _os_error_type(err):
         errno.EFBIG: "file_too_large",
         errno.EDQUOT: "no_space",
         errno.EROFS: "permission_denied",
-    }.get(err.errno, "io_error")
+    }
+    return types.get(err.errno, "io_error")
 
 
-def _rmtree(path):
+def _rmtree(path: str) -> None:
     """Remove the folder ``path`` and everything in it, deepest entries first, without
     recursion."""
     root = os.fsencode(path)
@@ -1606,7 +1811,7 @@ def _rmtree(path):
     os.rmdir(root)
 
 
-def _last_line(text):
+def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
 
@@ -1615,14 +1820,20 @@ def _last_line(text):
 # Main loop
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     workspace = "/workspace"
     manifest = DEFAULT_MANIFEST
     digest_mode = "inotify"
-    numbers = {}
+    numbers: dict[str, int] = {}
+    local_asked = False
+    home = None
     it = iter(argv)
     for arg in it:
-        if arg == "--workspace":
+        if arg == "--local":
+            local_asked = True
+        elif arg == "--home":
+            home = next(it)
+        elif arg == "--workspace":
             workspace = next(it)
         elif arg == "--manifest":
             manifest = next(it)
@@ -1630,6 +1841,17 @@ def main(argv):
             digest_mode = next(it)
         elif arg.startswith("--") and arg[2:].replace("-", "_") in _NUMERIC_OPTIONS:
             numbers[arg[2:].replace("-", "_")] = int(next(it))
+    if local_asked and os.getpid() == 1:
+        sys.stderr.write("softprobe shim: refusing --local as PID 1 of a PID namespace (a container's init)\n")
+        return 2
+    # Not PID 1 of its own PID namespace: not alone in a container, so touch only what it starts.
+    local = local_asked or os.getpid() != 1
+    if local:
+        sys.stderr.write(
+            "softprobe shim: local mode (pid %d, not a container's init): no process sweep, system "
+            "folders and uids left alone; a command that leaves its session can outlive its step, "
+            "so this is for development and tests, not untrusted agents\n" % os.getpid()
+        )
     # Tools must not inherit the protocol streams.
     stdin = os.fdopen(os.dup(0), "rb", buffering=0)
     stdout = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -1639,19 +1861,24 @@ def main(argv):
     hardened = harden()
     # A tool running as root (user="0") could otherwise interrupt the shim with SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    agent = _ids(numbers, "agent")
+    identity = Identity(agent=agent, tool=_ids(numbers, "tool") or agent)
     if os.geteuid() == 0:
-        _close_scratch_folders()
-        os.setgroups([])  # acting as the agent must not keep root's supplementary groups
-    if numbers.get("max_processes"):
+        if not local:  # it changes the machine's folders: in a container of its own only
+            _close_scratch_folders()
+        if not local or identity.agent is not None:
+            os.setgroups([])  # acting as the agent must not keep root's supplementary groups
+    if numbers.get("max_processes") and (not local or identity.agent is not None):
         # Per real uid, so per episode (each has its own uids); the shim itself (uid 0) is exempt.
         # Under gVisor the container's pids limit counts the sandbox kernel's threads, not the
-        # agent's processes: this is what stops a fork bomb there.
+        # agent's processes: this is what stops a fork bomb there. In local mode only for an
+        # agent uid of its own: the limit counts every process of the uid on the machine.
         import resource
 
         limit = numbers["max_processes"]
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-    agent = _ids(numbers, "agent")
-    identity = Identity(agent=agent, tool=_ids(numbers, "tool") or agent)
+    if local:
+        _become_subreaper()
     limits = Limits(
         quota_bytes=numbers.get("quota_bytes", 0),
         quota_inodes=numbers.get("quota_inodes", 0),
@@ -1659,14 +1886,15 @@ def main(argv):
         max_changed=numbers.get("max_changed_paths", DEFAULT_MAX_CHANGED_PATHS),
         max_timeout_s=numbers.get("max_timeout_s", int(MAX_TIMEOUT_S)),
     )
-    shim = Shim(workspace, manifest, digest_mode, identity, limits)
+    shim = Shim(workspace, manifest, digest_mode, identity, limits, local=local, home=home)
     shim.hardened = hardened
     reader = _LineReader(stdin)
     while True:
         line = reader.readline()
         if line is None:
             return 0
-        request_id = None
+        request_id: Any = None
+        response: dict[str, Any]
         try:
             request = json.loads(line, parse_constant=_refuse_constant)
             if not isinstance(request, dict):
@@ -1698,7 +1926,7 @@ def main(argv):
         _write_all(stdout, encoded + b"\n")
 
 
-def _write_all(raw, data):
+def _write_all(raw: FileIO, data: bytes) -> None:
     """Write every byte: a raw write may take only part of it (gVisor's pipes do, past 64 KiB)."""
     view = memoryview(data)
     while view:
@@ -1712,7 +1940,7 @@ _NUMERIC_OPTIONS = (
 )
 
 
-def _ids(numbers, who):
+def _ids(numbers: dict[str, int], who: str) -> Ids | None:
     uid = numbers.get(who + "_uid")
     return None if uid is None else (uid, numbers.get(who + "_gid", uid))
 
@@ -1720,12 +1948,12 @@ def _ids(numbers, who):
 class _LineReader:
     """Line reader over a raw fd (readline on an unbuffered file reads byte by byte)."""
 
-    def __init__(self, raw):
+    def __init__(self, raw: FileIO) -> None:
         self.raw = raw
         self.buffer = bytearray()
         self.scanned = 0  # bytes of buffer known to hold no newline: long lines stay linear
 
-    def readline(self):
+    def readline(self) -> bytes | None:
         while True:
             newline = self.buffer.find(b"\n", self.scanned)
             if newline >= 0:
