@@ -164,6 +164,140 @@ case("no-assertions", "abc", [])
 case("mixed-error-and-fail", "abc", [A(type="contains", value="z"), A(type="starts-with", value="")])
 
 
+# ---- Edges where JavaScript's meaning differs from Python's (issue 22) ----------------------------
+# 1. whitespace: JS \s and trim() include U+FEFF and exclude U+0085 and U+001C-U+001F
+case("ws-any-bom-trimmed", "apple", [A(type="contains-any", value="\ufeffapple\ufeff, pear")])
+case("ws-any-nel-kept", "apple", [A(type="contains-any", value="\x85apple\x85")])
+case("ws-any-nel-kept-present", "\x85apple\x85", [A(type="contains-all", value="\x85apple\x85,pear\x1c")])
+case("ws-all-unit-sep-kept", "a b", [A(type="contains-all", value="\x1fa, b")])
+case("ws-any-nbsp-trimmed", "kiwi", [A(type="contains-any", value="\xa0kiwi\u3000")])
+case("ws-quoted-then-bom-comma", "x", [A(type="contains-any", value='"x"\ufeff, "y"')])
+case("ws-quoted-then-nel-is-error", "x", [A(type="contains-any", value='"x"\x85, "y"')])
+case("ws-bleu-bom-split", "the\ufeffcat sat on the mat", [A(type="bleu", value="the cat sat on the mat")])
+case("ws-bleu-nel-not-split", "the\x85cat sat on the mat", [A(type="bleu", value="the cat sat on the mat", threshold=0.9)])
+case("ws-bleu-only-bom-is-empty", "\ufeff\ufeff", [A(type="bleu", value="a")])
+case("ws-bleu-file-sep-is-a-word", "\x1c", [A(type="bleu", value="a", threshold=0)])
+case("ws-rouge-bom", "\ufeffthe cat\ufeff", [A(type="rouge-n", value="the cat")])
+case("ws-rouge-record-sep", "the\x1ecat", [A(type="rouge-n", value="the cat", threshold=0.1)])
+case("ws-rouge-nel", "the\x85cat", [A(type="rouge-n", value="the cat")])
+case("ws-regex-s-bom", "\ufeff", [A(type="regex", value=r"^\s$")])
+case("ws-regex-s-nel", "\x85", [A(type="regex", value=r"^\s$")])
+case("ws-python-float-bom", "x", [A(type="python", value="'\\ufeff0.5'")])
+case("ws-python-float-nel", "x", [A(type="python", value="'\\x850.5'")])
+
+# 2. deep equality is util.isDeepStrictEqual: -0 is not 0
+case("eq-minus-zero-array", "[-0]", [A(type="equals", value=[0])])
+case("eq-minus-zero-float", "[-0.0]", [A(type="equals", value=[0.0])])
+case("eq-minus-zero-both", "[-0]", [A(type="equals", value=[-0.0])])
+case("eq-minus-zero-object", '{"a": -0}', [A(type="equals", value={"a": 0})])
+case("eq-zero-exponent", "[0e5]", [A(type="equals", value=[0])])
+case("eq-big-int-rounds", "[12345678901234567890]", [A(type="equals", value=[12345678901234567000])])
+case("eq-float-int", "[1.0, 2.50]", [A(type="equals", value=[1, 2.5])])
+case("eq-null-in-array", "[null]", [A(type="equals", value=[None])])
+case("not-eq-minus-zero", "[-0]", [A(type="not-equals", value=[0])])
+
+# 3. regex without the u flag, Node 20 syntax
+case("re-emoji-two-units", "😀", [A(type="regex", value="^.$")])
+case("re-emoji-two-dots", "😀", [A(type="regex", value="^..$")])
+case("re-high-surrogate-escape", "😀", [A(type="regex", value=r"^\uD83D")])
+case("re-low-surrogate-escape", "😀", [A(type="regex", value=r"\uDE00$")])
+case("re-emoji-class-is-two-units", "😀", [A(type="regex", value="^[😀]$")])
+case("re-emoji-quantifier-low-half", "😀😀", [A(type="regex", value="^😀+$")])
+case("re-u-brace-not-codepoint", "😀", [A(type="regex", value=r"\u{1F600}")])
+case("re-u-brace-is-quantifier", "uu", [A(type="regex", value=r"^\u{2}$")])
+case("re-inline-modifier-invalid", "A", [A(type="regex", value="(?i:a)")])
+case("re-duplicate-names-invalid", "b", [A(type="regex", value="(?<n>a)|(?<n>b)")])
+case("not-re-duplicate-names-fails", "b", [A(type="not-regex", value="(?<n>a)|(?<n>b)")])
+case("re-negated-class-astral", "😀", [A(type="regex", value="^[^a][^a]$")])
+case("re-bmp-range-covers-surrogates", "😀", [A(type="regex", value=r"^[\u0000-\uFFFF]{2}$")])
+case("re-lone-brace-literal", "a{", [A(type="regex", value="a{")])
+case("re-quantifier-order-invalid", "x", [A(type="regex", value="x{2,1}")])
+
+# 4. JSON Schema as Ajv strict + ajv-formats, draft-07
+case("schema-unknown-keyword", '{"a": 1}', [A(type="is-json", value={"type": "object", "foo": 1})])
+case("schema-unknown-keyword-nested", '{"a": 1}', [A(type="is-json", value={"properties": {"a": {"minimun": 1}}})])
+case("schema-unknown-keyword-not-json", "x", [A(type="is-json", value={"type": "object", "foo": 1})])
+case("schema-format-email-bad", '{"a": "x"}', [A(type="is-json", value={"properties": {"a": {"format": "email"}}})])
+case("schema-format-email-ok", '{"a": "x@y.co"}', [A(type="is-json", value={"properties": {"a": {"format": "email"}}})])
+case("schema-format-date-time-bad", '{"a": "2024-13-01T00:00:00Z"}', [A(type="is-json", value={"properties": {"a": {"format": "date-time"}}})])
+case("schema-format-date-time-no-tz", '{"a": "2024-12-01T00:00:00"}', [A(type="is-json", value={"properties": {"a": {"format": "date-time"}}})])
+case("schema-format-date-leap", '{"a": "2024-02-29"}', [A(type="is-json", value={"properties": {"a": {"format": "date"}}})])
+case("schema-format-date-not-leap", '{"a": "2023-02-29"}', [A(type="is-json", value={"properties": {"a": {"format": "date"}}})])
+case("schema-format-uuid", '{"a": "123e4567-e89b-12d3-a456-426614174000"}', [A(type="is-json", value={"properties": {"a": {"format": "uuid"}}})])
+case("schema-format-ipv4-bad", '{"a": "256.1.1.1"}', [A(type="is-json", value={"properties": {"a": {"format": "ipv4"}}})])
+case("schema-format-uri-relative", '{"a": "foo/bar"}', [A(type="is-json", value={"properties": {"a": {"format": "uri"}}})])
+case("schema-format-int32", '{"a": 3000000000}', [A(type="is-json", value={"properties": {"a": {"format": "int32"}}})])
+case("schema-format-unknown", '{"a": "x"}', [A(type="is-json", value={"properties": {"a": {"format": "colour"}}})])
+case("schema-draft-04", "{}", [A(type="is-json", value={"$schema": "http://json-schema.org/draft-04/schema#", "type": "object"})])
+case("schema-draft-2020", "{}", [A(type="is-json", value={"$schema": "https://json-schema.org/draft/2020-12/schema"})])
+case("schema-draft-07-ok", "{}", [A(type="is-json", value={"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"})])
+case("schema-nullable", '{"a": null}', [A(type="is-json", value={"properties": {"a": {"type": "string", "nullable": True}}})])
+case("schema-nullable-false", '{"a": null}', [A(type="is-json", value={"properties": {"a": {"type": "string", "nullable": False}}})])
+case("schema-nullable-without-type", '{"a": 1}', [A(type="is-json", value={"properties": {"a": {"nullable": True}}})])
+case("schema-pattern-ascii-digit", '{"a": "٣"}', [A(type="is-json", value={"properties": {"a": {"pattern": r"^\d$"}}})])
+case("schema-pattern-p-letter", '{"a": "é"}', [A(type="is-json", value={"properties": {"a": {"pattern": r"^\p{L}$"}}})])
+case("schema-pattern-astral-one-char", '{"a": "😀"}', [A(type="is-json", value={"properties": {"a": {"pattern": "^.$"}}})])
+case("schema-pattern-invalid-u", '{"a": "x"}', [A(type="is-json", value={"properties": {"a": {"pattern": r"\-"}}})])
+case("schema-pattern-properties-u", '{"é": 1}', [A(type="is-json", value={"patternProperties": {r"^\p{L}$": {"type": "string"}}})])
+case("schema-metadata-keywords", '{"a": 1}', [A(type="is-json", value={"title": "t", "description": "d", "$comment": "c", "examples": [1], "default": {}, "readOnly": True})])
+case("schema-contains-json-format", 'see {"mail": "x@y.co"} and {"mail": "nope"}', [A(type="contains-json", value={"required": ["mail"], "properties": {"mail": {"format": "email"}}})])
+
+# 5. YAML 1.2 (js-yaml core schema)
+case("yaml-no-is-string", '{"a": 1}', [A(type="is-json", value="properties:\n  a: {type: integer}\nadditionalProperties: no\n")])
+case("yaml-yes-in-candidate", "{a: yes}", [A(type="contains-json", value={"properties": {"a": {"type": "string"}}})])
+case("yaml-on-in-candidate", "{a: on}", [A(type="contains-json", value={"properties": {"a": {"type": "boolean"}}})])
+case("yaml-true-in-candidate", "{a: True}", [A(type="contains-json", value={"properties": {"a": {"type": "boolean"}}})])
+case("yaml-underscore-int-is-string", "{a: 1_000}", [A(type="contains-json", value={"properties": {"a": {"type": "string"}}})])
+case("yaml-hex-int", "{a: 0x1F}", [A(type="contains-json", value={"properties": {"a": {"const": 31}}})])
+case("yaml-duplicate-key-last-wins", '{"a": 1, "a": 2}', [A(type="contains-json", value={"properties": {"a": {"const": 2}}})])
+case("yaml-schema-duplicate-key-error", "{}", [A(type="is-json", value="type: object\ntype: array\n")])
+case("yaml-schema-off-enum", '{"a": "off"}', [A(type="is-json", value="properties:\n  a: {enum: [off]}\n")])
+
+# 6. JSON parsing: numbers are doubles of any length; NaN / Infinity are not JSON
+case("json-5000-digit-integer", "[" + "1" * 5000 + "]", [A(type="is-json")])
+case("json-long-integer-schema", '{"n": ' + "9" * 400 + "}", [A(type="is-json", value={"properties": {"n": {"type": "number"}}})])
+case("json-infinity", "Infinity", [A(type="is-json")])
+case("json-minus-infinity-in-array", "[-Infinity]", [A(type="is-json")])
+case("json-bom", "\ufeff{}", [A(type="is-json")])
+case("json-lone-surrogate-escape", '["\\ud800"]', [A(type="is-json")])
+case("py-inf", "x", [A(type="python", value="float('inf')")])
+case("py-nan", "x", [A(type="python", value="float('nan')")])
+case("py-dict-inf-score", "x", [A(type="python", value="{'pass': True, 'score': float('inf'), 'reason': 'r'}")])
+
+# 7. contains-json converts // comments before parsing
+case("cj-line-comment", '{"a": 1, // note\n "b": 2}', [A(type="contains-json", value={"required": ["b"]})])
+case("cj-comment-in-string-kept", '{"a": "x // y"}', [A(type="contains-json", value={"properties": {"a": {"const": "x // y"}}})])
+case("cj-url-kept", '{"u": "http://x.io"}', [A(type="contains-json", value={"properties": {"u": {"const": "http://x.io"}}})])
+case("cj-bare-url-kept", "{u: http://x.io/a}", [A(type="contains-json", value={"properties": {"u": {"const": "http://x.io/a"}}})])
+case("cj-triple-slash", '{"a": 1 /// c\n}', [A(type="contains-json")])
+case("cj-apostrophe-word", "{a: don't // c\n}", [A(type="contains-json", value={"properties": {"a": {"const": "don't"}}})])
+
+# 8. the treebank tokenizer's quotes (js-rouge 3.2)
+case("tb-opening-quote-at-start", '"hello world" she said', [A(type="rouge-n", value='" hello world " she said', threshold=0.99)])
+case("tb-quote-start-vs-inner", '"hi" there', [A(type="rouge-n", value='there "hi"', threshold=0.99)])
+case("tb-quote-after-period-closes", 'end." next', [A(type="rouge-n", value='end. " next', threshold=0.99)])
+case("tb-two-quoted", 'a "b" "c"', [A(type="rouge-n", value='a " b " " c "', threshold=0.99)])
+case("tb-quote-after-paren", '("x")', [A(type="rouge-n", value='( " x " )', threshold=0.99)])
+case("tb-backticks", "``x'' y", [A(type="rouge-n", value='"x" y', threshold=0.99)])
+case("tb-apostrophe-quote", "'tis fine", [A(type="rouge-n", value="'t is fine", threshold=0.99)])
+case("tb-closing-at-end", 'he said "no"', [A(type="rouge-n", value='he said " no "', threshold=0.99)])
+
+# 9. python: results and the context promptfoo passes
+case("py-list-is-not-score", "x", [A(type="python", value="[1, 2]")])
+case("py-empty-list", "x", [A(type="python", value="[]")])
+case("py-tuple-is-list", "x", [A(type="python", value="(0.5,)")])
+case("py-context-keys", "x", [A(type="python", value="sorted(context.keys()) == ['prompt', 'provider', 'providerResponse', 'test', 'vars']")])
+case("py-context-keys-config", "x", [A(type="python", value="sorted(context.keys()) == ['config', 'prompt', 'provider', 'providerResponse', 'test', 'vars']", config={"k": 1})])
+case("py-context-output", "hello", [A(type="python", value="context['providerResponse']['output'] == output and context['prompt'] == '' and context['vars'] == {}")])
+case("py-context-test", "x", [A(type="python", value="context['test']['providerOutput'] == 'x' and context['test']['assert'][0]['type'] == 'python'")])
+case("py-context-no-logprobs", "x", [A(type="python", value="'logProbs' not in context")])
+
+# 10. what makes promptfoo reject the whole config is that case's ERROR, not the batch's
+case("batch-ref-in-schema", '{"a": 1}', [A(type="is-json", value={"properties": {"a": {"$ref": "#/definitions/x"}}, "definitions": {"x": {"type": "string"}}})])
+case("batch-nested-assert-set", "abc", [A(type="assert-set", assert_=[A(type="assert-set", assert_=[A(type="contains", value="a")])])])
+case("batch-ref-in-set", "abc", [A(type="assert-set", assert_=[A(type="contains-json", value={"$ref": "#/x"})])])
+
+
 def _assertions(raw: list[dict]) -> list[dict]:
     out = []
     for a in raw:
@@ -196,6 +330,10 @@ def graded(tmp_path_factory) -> dict[str, tuple]:
 
 def test_there_are_at_least_80_parity_cases():
     assert len(CASES) + 1 >= 80
+
+
+def test_the_javascript_edges_have_at_least_60_cases():
+    assert len(CASES) - CASES.index(next(c for c in CASES if c[0] == "ws-any-bom-trimmed")) >= 60
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES] + ["python-file"])

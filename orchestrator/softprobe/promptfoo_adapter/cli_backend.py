@@ -26,13 +26,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import PromptfooCliError
+from .errors import PromptfooCliError, PromptfooConfigRejectedError
 from .models import Assertion, EvalCase
 
 DEFAULT_TIMEOUT_S = 300.0
 # Errors that mean the machine ran out of something, not that promptfoo is broken.
 EXHAUSTED_ERRNOS = frozenset({errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EDQUOT})
 _TEMPLATE_MARKERS = ("{{", "{%", "{#")
+# What promptfoo prints when it refuses the config as a whole (before grading any test).
+_CONFIG_REJECTIONS = ("AssertValidationError", "MissingPointerError", "EMISSINGPOINTER", "ResolverError",
+                      "Invalid assertion at")
 
 
 def find_cli() -> list[str] | None:
@@ -211,6 +214,9 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
         stdout, stderr = await readers
         said = (stderr + stdout).decode("utf-8", "replace")
         if process.returncode not in (0, 100) or not output_path.exists():
+            rejection = config_rejection(said)
+            if rejection:
+                raise PromptfooConfigRejectedError(f"promptfoo rejected the config: {rejection}", said)
             raise PromptfooCliError(f"promptfoo eval failed with exit code {process.returncode}", said)
         try:
             report = json.loads(output_path.read_text())
@@ -219,6 +225,45 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
     if not isinstance(report, dict):
         raise PromptfooCliError("promptfoo wrote results that are not a JSON object")
     return report
+
+
+def config_rejection(stderr: str) -> str | None:
+    """The line of promptfoo's stderr that says it refused the config as a whole, if it did."""
+    lines = [line.strip() for line in stderr.splitlines()]
+    for index, line in enumerate(lines):
+        if line.startswith(tuple(f"{name}:" for name in _CONFIG_REJECTIONS)):
+            detail = lines[index + 1] if line.endswith(":") and index + 1 < len(lines) else ""
+            return f"{line} {detail}".strip()
+    for line in lines:
+        if any(sign in line for sign in _CONFIG_REJECTIONS) and not line.startswith(("at ", "throw ")):
+            index = lines.index(line)
+            detail = next((nxt for nxt in lines[index + 1:index + 3] if nxt and not nxt.startswith("at ")), "")
+            return f"{line} {detail}".strip() if line.endswith(":") else line
+    return None
+
+
+def config_problem(case: EvalCase) -> str | None:
+    """Why promptfoo would refuse a config holding ``case`` as a whole (or None): a nested
+    ``assert-set``, or a ``$ref`` in an assertion value (promptfoo dereferences the whole config,
+    and a schema's ``#/definitions/...`` does not point into it)."""
+    for index, assertion in enumerate(case.assertions):
+        if has_ref(assertion.value):
+            return f"assert[{index}] has a $ref in its value"
+        for j, child in enumerate(assertion.assert_ or []):
+            if child.type == "assert-set":
+                return f"assert[{index}].assert[{j}] is an assert-set inside an assert-set"
+            if has_ref(child.value):
+                return f"assert[{index}].assert[{j}] has a $ref in its value"
+    return None
+
+
+def has_ref(value: Any) -> bool:
+    """Whether a JSON value holds an object with a ``$ref`` key (at any depth)."""
+    if isinstance(value, dict):
+        return "$ref" in value or any(has_ref(v) for v in value.values())
+    if isinstance(value, list):
+        return any(has_ref(v) for v in value)
+    return False
 
 
 def rows_by_case(report: dict[str, Any], cases: list[EvalCase]) -> list[dict[str, Any]]:

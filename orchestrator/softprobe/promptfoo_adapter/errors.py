@@ -50,3 +50,12 @@ class PromptfooCliError(PromptfooAdapterError):
         super().__init__(message + (f"\npromptfoo stderr:\n{stderr.strip()[-4000:]}" if stderr.strip() else ""))
         self.stderr = stderr
         self.status = status
+
+
+class PromptfooConfigRejectedError(PromptfooCliError):
+    """promptfoo refused the whole config before grading anything (an assertion its config
+    validation rejects, such as a nested ``assert-set``, or a ``$ref`` it cannot resolve):
+    status ``invalid_input`` for the rollout that carries it."""
+
+    def __init__(self, message: str, stderr: str = "") -> None:
+        super().__init__(message, stderr, status="invalid_input")

@@ -10,25 +10,50 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any, Iterable
+from typing import Any
 
 from .bundle import native_bundle, native_row, slice_bundle
 from .cli_backend import (
     DEFAULT_TIMEOUT_S,
     EXHAUSTED_ERRNOS,
     cli_version,
+    config_problem,
     find_cli,
     row_error_status,
     rows_by_case,
     run_cli,
 )
-from .errors import PromptfooCliError, UnsupportedAssertionError, UnsupportedMappingError
+from .errors import (
+    PromptfooCliError,
+    PromptfooConfigRejectedError,
+    UnsupportedAssertionError,
+    UnsupportedMappingError,
+)
 from .framework_result import MAPPINGS
-from .models import Assertion, Backend, EvalCase, EvalOutcome, RunnerDescription, SubjectFailure, TrajectoryStep
-from .native import HANDLERS, MEASURED_TYPES, TRAJECTORY_TYPES, base_type, grade_native, native_problem
+from .models import (
+    Assertion,
+    Backend,
+    EvalCase,
+    EvalOutcome,
+    RunnerDescription,
+    SubjectFailure,
+    TrajectoryStep,
+)
+from .native import (
+    HANDLERS,
+    MEASURED_TYPES,
+    TRAJECTORY_TYPES,
+    base_type,
+    grade_native,
+    native_problem,
+)
 from .outcome import build_outcome, path_of_type
+
+# How many single-case promptfoo runs (isolating a case promptfoo refuses) may run at once.
+CLI_SINGLE_RUNS = 4
 
 _MAPPING_SUPPORT: dict[str, dict[str, str]] = {
     "native": {"final_output_assertions": "supported", "trajectory_step_assertions": "supported",
@@ -164,6 +189,16 @@ def choose_backend(case: EvalCase, backend: Backend) -> str:
     raise UnsupportedAssertionError(f"cannot grade {native!r}: the native backend lacks it and {why}", native)
 
 
+def _rejected_outcome(case: EvalCase, message: str, mappings: list[str]) -> EvalOutcome:
+    """A case whose own config promptfoo refused: an ERROR row (failureReason 2), as promptfoo
+    reports a test whose assertion throws."""
+    row = native_row(case, None, message, latency_ms=0)
+    bundle = native_bundle(case, row, started=datetime.now(timezone.utc), duration_ms=0,
+                           evaluator_version="promptfoo CLI (config rejected before grading)")
+    return build_outcome(case, backend="cli", version=None, bundle=bundle, row=row, status="invalid_input",
+                         status_reason=message, requested_mappings=mappings)
+
+
 def _grade_one_natively(case: EvalCase, version: str, mappings: list[str]) -> EvalOutcome:
     started, clock = datetime.now(timezone.utc), time.perf_counter()
     try:
@@ -228,20 +263,32 @@ async def grade_cases(
         for i in native_indices:  # off the event loop: python assertions start processes
             outcomes[i] = await asyncio.to_thread(_grade_one_natively, parsed[i], native, mappings)
 
-    async def cli_all() -> None:
-        if not cli_indices:
-            return
-        batch = [parsed[i] for i in cli_indices]
+    single_runs = asyncio.Semaphore(CLI_SINGLE_RUNS)
+
+    async def cli_group(indices: list[int]) -> None:
+        """One promptfoo run for ``indices``; if promptfoo refuses the batch as a whole, one run
+        per case, so that one bad assertion is that case's ERROR and not everyone's."""
+        batch = [parsed[i] for i in indices]
         try:
-            report = await run_cli(batch, timeout_s=cli_timeout_s)
+            if len(indices) == 1:
+                async with single_runs:
+                    report = await run_cli(batch, timeout_s=cli_timeout_s)
+            else:
+                report = await run_cli(batch, timeout_s=cli_timeout_s)
             rows = rows_by_case(report, batch)
+        except PromptfooConfigRejectedError as err:
+            if len(indices) > 1:
+                await asyncio.gather(*(cli_group([i]) for i in indices))
+                return
+            outcomes[indices[0]] = _rejected_outcome(parsed[indices[0]], str(err), mappings)
+            return
         except PromptfooCliError as err:
-            for i in cli_indices:
+            for i in indices:
                 outcomes[i] = build_outcome(parsed[i], backend="cli", version=None, bundle=None, row=None,
                                             status=err.status, status_reason=str(err), requested_mappings=mappings)
             return
         version = (report.get("metadata") or {}).get("promptfooVersion")
-        for k, (i, row) in enumerate(zip(cli_indices, rows)):
+        for k, (i, row) in enumerate(zip(indices, rows)):
             bundle = report if len(batch) == 1 else slice_bundle(report, k, row)
             if row.get("failureReason") == 2:
                 message = str(row.get("error") or "error").splitlines()[0]
@@ -251,6 +298,13 @@ async def grade_cases(
             else:
                 outcomes[i] = build_outcome(parsed[i], backend="cli", version=version, bundle=bundle, row=row,
                                             status="succeeded", requested_mappings=mappings)
+
+    async def cli_all() -> None:
+        # Cases promptfoo would refuse the whole config for run on their own from the start.
+        suspects = [i for i in cli_indices if config_problem(parsed[i])]
+        clean = [i for i in cli_indices if i not in suspects]
+        groups = ([clean] if clean else []) + [[i] for i in suspects]
+        await asyncio.gather(*(cli_group(group) for group in groups))
 
     await asyncio.gather(native_all(), cli_all())
     return [o for o in outcomes if o is not None]

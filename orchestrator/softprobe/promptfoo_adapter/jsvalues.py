@@ -81,22 +81,69 @@ def coerce_output(output: Any) -> str:
     return output if isinstance(output, str) else json_stringify(output)
 
 
+# JavaScript's WhiteSpace and LineTerminator code points: what ``\s`` and ``String.prototype.trim``
+# mean there. Unlike Python's ``str.isspace``, it has U+FEFF and lacks U+0085 and U+001C-U+001F.
+JS_WHITESPACE = (
+    "\t\n\v\f\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+JS_SPACE_CLASS = "[" + re.escape(JS_WHITESPACE) + "]"
+
+
+def is_js_space(ch: str) -> bool:
+    r"""``/\s/.test(ch)`` for one character."""
+    return ch != "" and ch in JS_WHITESPACE
+
+
+def js_trim(text: str) -> str:
+    """``String.prototype.trim``."""
+    return text.strip(JS_WHITESPACE)
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _js_int(text: str) -> int | float:
+    """A JSON integer as JavaScript reads it: one double (any length; ``-0`` keeps its sign)."""
+    digits = len(text) - text.startswith("-")
+    if digits <= 15:
+        value = int(text)
+        return -0.0 if value == 0 and text.startswith("-") else value
+    return float(text)  # rounds as JavaScript does; past the double range it is infinity
+
+
 def json_parse(text: str) -> Any:
-    """``JSON.parse``: strict JSON (no NaN or Infinity)."""
-    return json.loads(text, parse_constant=_reject_constant)
+    """``JSON.parse``: strict JSON (no NaN or Infinity), numbers as JavaScript's doubles.
+
+    Raises:
+        ValueError: the text is not JSON.
+    """
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_int=_js_int)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def to_js_number(value: int | float) -> float:
+    """A Python number as a JavaScript double (huge integers become infinity)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 def deep_strict_equal(a: Any, b: Any) -> bool:
-    """Node's ``util.isDeepStrictEqual`` for JSON values: ``true`` never equals ``1``, but
-    ``1`` equals ``1.0`` (one number type); objects compare by keys, regardless of order."""
+    """Node's ``util.isDeepStrictEqual`` for JSON values: ``true`` never equals ``1``, ``1``
+    equals ``1.0`` (one number type), ``-0`` does not equal ``0`` and ``NaN`` equals ``NaN``
+    (``Object.is``); objects compare by keys, regardless of order."""
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return float(a) == float(b) or (math.isnan(float(a)) and math.isnan(float(b)))
+        x, y = to_js_number(a), to_js_number(b)
+        if math.isnan(x) or math.isnan(y):
+            return math.isnan(x) and math.isnan(y)
+        return x == y and math.copysign(1.0, x) == math.copysign(1.0, y)
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(deep_strict_equal(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
@@ -104,7 +151,7 @@ def deep_strict_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-_JS_FLOAT_PREFIX = re.compile(r"^[\s\ufeff\xa0]*([+-]?(?:Infinity|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?))")
+_JS_FLOAT_PREFIX = re.compile("^" + JS_SPACE_CLASS + r"*([+-]?(?:Infinity|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?))")
 
 
 def js_parse_float(text: str) -> float:
@@ -141,7 +188,7 @@ def split_comma_values(value: str) -> list[str]:
     results: list[str] = []
     i, n = 0, len(value)
     while i < n:
-        while i < n and (value[i].isspace() or value[i] == ","):
+        while i < n and (is_js_space(value[i]) or value[i] == ","):
             i += 1
         if i >= n:
             break
@@ -165,7 +212,7 @@ def split_comma_values(value: str) -> list[str]:
             if not terminated:
                 raise ValueError("Unterminated quoted field in contains assertion value")
             results.append("".join(field))
-            while i < n and value[i].isspace():
+            while i < n and is_js_space(value[i]):
                 i += 1
             if i < n and value[i] != ",":
                 raise ValueError("Expected comma after quoted field in contains assertion value")
@@ -173,5 +220,5 @@ def split_comma_values(value: str) -> list[str]:
             start = i
             while i < n and value[i] != ",":
                 i += 1
-            results.append(value[start:i].strip())
+            results.append(js_trim(value[start:i]))
     return results

@@ -10,17 +10,21 @@ escapes them so both backends see the same literal value).
 from __future__ import annotations
 
 import fnmatch
+import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import yaml
+from typing import Any
 
 from . import python_runner
+from .ajv import SchemaCompileError, compile_schema, errors_text
+from .cli_backend import config_problem
 from .errors import UnsupportedAssertionError
+from .jsregex import JsRegexError, js_regex_test
 from .jsvalues import (
     coerce_output,
     deep_strict_equal,
+    is_js_space,
     js_number,
     js_parse_float,
     js_string,
@@ -28,6 +32,7 @@ from .jsvalues import (
     json_stringify,
     split_comma_values,
 )
+from .jsyaml import JsYamlError, load_yaml
 from .models import Assertion, EvalCase, TrajectoryStep
 from .textmetrics import bleu, levenshtein, rouge_n
 
@@ -140,13 +145,11 @@ def _starts_with(p: _Params) -> Grade:
 
 def _regex(p: _Params) -> Grade:
     _require(_truthy(p.value) and isinstance(p.value, str), '"regex" assertion type must have a string value')
-    import regress
-
     try:
-        pattern = regress.Regex(p.value)
-    except Exception as err:  # regress.RegressError: an invalid pattern fails, whatever not- says
+        found = js_regex_test(p.value, p.output)
+    except JsRegexError as err:  # an invalid pattern fails, whatever not- says
         return {"pass": False, "score": 0.0, "reason": f"Invalid regex pattern: {err}"}
-    passed = (pattern.find(p.output) is not None) != p.inverse
+    passed = found != p.inverse
     return _result(p, passed, f'Expected output to {_not(p)}match regex "{p.value}"')
 
 
@@ -154,34 +157,22 @@ def _regex(p: _Params) -> Grade:
 
 
 def _schema_validator(p: _Params) -> Any:
-    import jsonschema
-
     value = p.value
     if isinstance(value, str):
         if value.startswith("file://"):
             raise InvalidAssertion(f"{p.base_type} with a file:// schema is not supported natively")
         try:
-            schema = yaml.safe_load(value)
-        except yaml.YAMLError as err:
+            schema = load_yaml(value)
+        except JsYamlError as err:
             raise InvalidAssertion(f"invalid schema: {err}") from None
     elif isinstance(value, dict):
         schema = value
     else:
         raise InvalidAssertion(f"{p.base_type} assertion must have a string or object value")
-    if not isinstance(schema, (dict, bool)):
-        raise InvalidAssertion(f"schema must be an object or boolean, got {type(schema).__name__}")
     try:
-        jsonschema.Draft7Validator.check_schema(schema)
-    except jsonschema.SchemaError as err:
-        raise InvalidAssertion(f"schema is invalid: {err.message}") from None
-    return jsonschema.Draft7Validator(schema)
-
-
-def _schema_errors(validator: Any, instance: Any) -> str:
-    errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
-    return ", ".join(
-        f"data{''.join(f'/{part}' for part in e.absolute_path)} {e.message}" for e in errors
-    )
+        return compile_schema(schema)
+    except SchemaCompileError as err:
+        raise InvalidAssertion(str(err)) from None
 
 
 def _is_json(p: _Params) -> Grade:
@@ -198,7 +189,7 @@ def _is_json(p: _Params) -> Grade:
             reason = (
                 "Output is JSON that conforms to the provided schema"
                 if p.inverse
-                else f"JSON does not conform to the provided schema. Errors: {_schema_errors(validator, parsed)}"
+                else f"JSON does not conform to the provided schema. Errors: {errors_text(validator, parsed)}"
             )
             return {"pass": False, "score": 0.0, "reason": reason}
     return _result(p, passed, "Expected output to be valid JSON")
@@ -234,14 +225,69 @@ def extract_json_objects(text: str) -> list[Any]:
 
 
 def _parse_json_like(candidate: str) -> Any:
+    """promptfoo's ``loadYaml(convertSlashCommentsToHash(candidate), {json: true})``."""
     try:
-        return json_parse(candidate)
-    except ValueError:
-        pass
-    try:  # promptfoo parses candidates with a YAML loader, which also takes relaxed JSON
-        return yaml.safe_load(candidate)
-    except yaml.YAMLError:
+        return load_yaml(convert_slash_comments_to_hash(candidate), json_mode=True)
+    except JsYamlError:
         return None
+
+
+def _escaped_quote(line: str, index: int) -> bool:
+    count, j = 0, index - 1
+    while j >= 0 and line[j] == "\\":
+        count, j = count + 1, j - 1
+    return count % 2 == 1
+
+
+def _ascii_letter(ch: str) -> bool:
+    return len(ch) == 1 and ("a" <= ch <= "z" or "A" <= ch <= "Z")
+
+
+def convert_slash_comments_to_hash(text: str) -> str:
+    """promptfoo's ``convertSlashCommentsToHash``: ``// comment`` becomes ``# comment`` outside
+    quotes (and outside ``scheme://`` tokens), one ``#`` per two slashes."""
+    out_lines = []
+    for line in text.split("\n"):
+        state, result, i, converted = "normal", [], 0, None
+        while i < len(line):
+            ch = line[i]
+            nxt = line[i + 1] if i + 1 < len(line) else ""
+            prev = line[i - 1] if i > 0 else ""
+            if state == "normal":
+                if ch == "'" and not _ascii_letter(prev):
+                    state = "single"
+                    result.append(ch)
+                elif ch == '"':
+                    state = "double"
+                    result.append(ch)
+                elif ch == "/" and nxt == "/":
+                    token_start = 0
+                    for j in range(i - 1, -1, -1):
+                        if is_js_space(line[j]):
+                            token_start = j + 1
+                            break
+                    if "://" in line[token_start:i + 2]:
+                        result.append(ch)  # a URL: JavaScript's `break` leaves the switch only
+                        i += 1
+                        continue
+                    slashes = 2
+                    while i + slashes < len(line) and line[i + slashes] == "/":
+                        slashes += 1
+                    converted = "".join(result) + "#" * (slashes // 2) + line[i + slashes:]
+                    break
+                else:
+                    result.append(ch)
+            elif state == "single":
+                result.append(ch)
+                if ch == "'" and not _escaped_quote(line, i) and not _ascii_letter(nxt):
+                    state = "normal"
+            else:
+                result.append(ch)
+                if ch == '"' and not _escaped_quote(line, i):
+                    state = "normal"
+            i += 1
+        out_lines.append(converted if converted is not None else "".join(result))
+    return "\n".join(out_lines)
 
 
 def _contains_json(p: _Params) -> Grade:
@@ -257,7 +303,7 @@ def _contains_json(p: _Params) -> Grade:
                 if p.inverse:
                     message = "Output contains JSON conforming to the provided schema"
                 break
-            message = f"JSON does not conform to the provided schema. Errors: {_schema_errors(validator, obj)}"
+            message = f"JSON does not conform to the provided schema. Errors: {errors_text(validator, obj)}"
     return _result(p, passed, message)
 
 
@@ -335,7 +381,7 @@ def _cost(p: _Params) -> Grade:
 
 def _python(p: _Params) -> Grade:
     _require(isinstance(p.value, str), "python assertion must have a string value")
-    context = {"prompt": "", "vars": {}, "test": {}, "config": p.assertion.config or {}}
+    context = python_context(p.case, p.output, p.assertion)
     try:
         if p.value.startswith("file://"):
             outcome = python_runner.run_file(p.value[len("file://"):], [p.output, context])
@@ -344,6 +390,41 @@ def _python(p: _Params) -> Grade:
         return _normalize_script_result(p, outcome)
     except python_runner.ScriptError as err:
         return {"pass": False, "score": 0.0, "reason": f"Python code execution failed: {err}"}
+
+
+def _token_usage() -> dict[str, Any]:
+    details = {"reasoning": 0, "acceptedPrediction": 0, "rejectedPrediction": 0, "cacheReadInputTokens": 0,
+               "cacheCreationInputTokens": 0}
+    return {"prompt": 0, "completion": 0, "cached": 0, "total": 0, "numRequests": 0, "completionDetails": dict(details),
+            "assertions": {"total": 0, "prompt": 0, "completion": 0, "cached": 0, "numRequests": 0,
+                           "completionDetails": dict(details)}}
+
+
+def python_context(case: EvalCase, output: str, assertion: Assertion) -> dict[str, Any]:
+    """The ``context`` a python assertion receives, with promptfoo's keys: ``prompt``, ``vars``,
+    ``test``, ``provider``, ``providerResponse`` and (when the assertion has one) ``config``.
+    ``logProbs`` is undefined for a recorded output, so, as in promptfoo's JSON, it is absent."""
+    context: dict[str, Any] = {
+        "prompt": "",
+        "vars": {},
+        "test": {
+            "description": case.attempt_id,
+            "providerOutput": case.final_output,
+            "metadata": {"attemptId": case.attempt_id, "trajectoryDigest": case.trajectory_digest,
+                         "sourceTraceId": case.source_trace_id},
+            "assert": [a.to_config() for a in case.assertions],
+            "vars": {},
+            "options": {},
+        },
+        "provider": {"options": {"config": {}, "env": {}}, "label": "", "config": {}, "delay": 0},
+        "providerResponse": {"output": output, "tokenUsage": _token_usage(), "cost": 0, "cached": False,
+                             "providerTransformedOutput": output},
+    }
+    if case.threshold is not None:
+        context["test"]["threshold"] = case.threshold
+    if assertion.config:
+        context["config"] = assertion.config
+    return context
 
 
 def _normalize_script_result(p: _Params, result: Any) -> Grade:
@@ -361,6 +442,11 @@ def _normalize_script_result(p: _Params, result: Any) -> Grade:
         return _script_object(p, parsed)
     if isinstance(result, dict):
         return _script_object(p, result)
+    if isinstance(result, list):  # an object to JavaScript, and not a grading result
+        shown = json.dumps({str(i): v for i, v in enumerate(result)}, indent=2, ensure_ascii=False)
+        raise python_runner.ScriptError(
+            f"Python assertion must return a boolean, number, or {{pass, score, reason}} object. Got instead:\n{shown}"
+        )
     score = result if isinstance(result, (int, float)) and not isinstance(result, bool) else js_parse_float(js_string(result))
     if math.isnan(score):
         raise python_runner.ScriptError(
@@ -581,7 +667,7 @@ MEASURED_TYPES = frozenset({"latency", "cost"})
 
 
 def base_type(assertion_type: str) -> str:
-    return assertion_type[4:] if assertion_type.startswith("not-") else assertion_type
+    return assertion_type.removeprefix("not-")
 
 
 def native_problem(assertion: Assertion) -> str | None:
@@ -732,6 +818,11 @@ def grade_native(case: EvalCase) -> NativeGrade:
     """
     check_native(case)
     output = coerce_output(case.final_output)
+    problem = config_problem(case)
+    if problem and "$ref" in problem:  # promptfoo refuses the config before grading anything
+        path = problem.split(" ", 1)[0]
+        return NativeGrade(None, error=f"promptfoo rejects the config: {problem} (it dereferences $refs against "
+                           "the whole config)", status="invalid_input", errored_path=path)
     if not case.assertions:
         return NativeGrade({"pass": True, "score": 1.0, "reason": "No assertions", "namedScores": {}, "componentResults": []})
     try:

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .jsvalues import json_parse
+
 TIMEOUT_S = 60.0
 
 _CHILD = r"""
@@ -83,10 +85,11 @@ def _run(request: dict[str, Any]) -> Any:
     marker = done.stdout.rfind("\x00RESULT")
     if marker < 0:
         raise ScriptError(f"python exited with code {done.returncode}: {done.stderr.strip()[-500:]}")
-    try:
-        answer = json.loads(done.stdout[marker + len("\x00RESULT"):])
-    except ValueError:
-        raise ScriptError("the assertion's return value is not JSON") from None
+    text = done.stdout[marker + len("\x00RESULT"):]
+    try:  # promptfoo reads the result with JSON.parse: NaN and Infinity are not JSON there
+        answer = json_parse(text)
+    except ValueError as err:
+        raise ScriptError(f"Error running Python script: Invalid JSON returned by Python script: {err}") from None
     if not answer["ok"]:
         raise ScriptError(answer["error"])
     return answer["result"]

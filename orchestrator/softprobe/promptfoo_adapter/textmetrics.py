@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections import Counter
 
-from .jsvalues import utf16_units
+from .jsvalues import JS_SPACE_CLASS, is_js_space, js_trim, utf16_units
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -45,12 +46,9 @@ def levenshtein(a: str, b: str) -> int:
 
 # -- BLEU (promptfoo src/assertions/bleu.ts) ------------------------------------------------------
 
-_JS_SPACE = "\\s\ufeff"
-
-
 def _bleu_tokens(text: str) -> list[str]:
-    text = re.sub(f"^[{_JS_SPACE}]+|[{_JS_SPACE}]+$", "", text.lower())
-    return re.split(f"[{_JS_SPACE}]+", text)
+    """``text.toLowerCase().trim().split(/\\s+/)``."""
+    return re.split(JS_SPACE_CLASS + "+", js_trim(text.lower()))
 
 
 def _ngrams(words: list[str], n: int) -> list[str]:
@@ -63,7 +61,7 @@ def bleu(candidate: str, references: list[str], weights: tuple[float, ...] = (0.
     """Up-to-4-gram BLEU with brevity penalty, smoothing zero precisions to 1e-7."""
     if not references:
         raise ValueError("Invalid inputs")
-    if re.sub(f"^[{_JS_SPACE}]+|[{_JS_SPACE}]+$", "", candidate) == "":
+    if js_trim(candidate) == "":
         return 0.0
     words = _bleu_tokens(candidate)
     reference_words = [_bleu_tokens(r) for r in references]
@@ -104,29 +102,68 @@ _CONTRACTIONS = [
 ]
 
 
-def treebank_tokenize(text: str) -> list[str]:
-    """js-rouge's Penn Treebank tokenizer.
+def _category_in(ch: str, prefixes: tuple[str, ...]) -> bool:
+    return ch != "" and unicodedata.category(ch).startswith(prefixes)
 
-    Ordinary text tokenizes exactly as js-rouge does; its heuristics for pairing quotation
-    marks are simplified here (a ``"`` opens after whitespace or an opening bracket, else closes).
+
+def _opens_after(text: str, i: int) -> bool:
+    """js-rouge's ``Ze``: position ``i`` can open a quotation (start, after whitespace,
+    punctuation, ``<`` or an opening ````````)."""
+    if i == 0:
+        return True
+    before = text[i - 1]
+    return is_js_space(before) or before == "<" or _category_in(before, ("P",)) or text[max(0, i - 2):i] == "``"
+
+
+_QUOTE_TOKEN = re.compile(r"``|''|\"")
+
+
+def _next_quote(text: str, start: int) -> str | None:
+    match = _QUOTE_TOKEN.search(text, start)
+    return match.group(0) if match else None
+
+
+def treebank_tokenize(text: str) -> list[str]:
+    """js-rouge 3.2's ``treeBankTokenize`` (the Penn Treebank tokenizer promptfoo's rouge-n uses).
+
+    Quotes follow js-rouge's rules: a ``"`` (or ``''`` before a word that a later ``''`` closes)
+    opens a quotation, tokenized as ````````, when it is at the start, or after whitespace, an
+    opening bracket or ``<``, may open there (after whitespace or punctuation), does not follow
+    ``.``, ``!`` or ``?``, and the previous quote did not open one; otherwise it closes (``''``).
+    One js-rouge refinement is left out: a quote after a modifier letter (``\\p{Lm}``) that
+    follows a number after sentence-final punctuation. Positions count code points, not UTF-16
+    units, which differs only next to characters outside the BMP.
     """
-    text = re.sub(r"[\s\u0085]+", " ", text).strip()
+    text = js_trim(re.sub(JS_SPACE_CLASS[:-1] + "\u0085]+", " ", text))
     if not text:
         return []
+    previous_opened = False
 
     def quote(match: re.Match[str]) -> str:
+        nonlocal previous_opened
         token, i = match.group(0), match.start()
         before = text[i - 1] if i > 0 else ""
-        opening = token == "``" or (
-            token == '"' and (i == 0 or before.isspace() or before in "([{<") and before not in ".!?"
+        opened = token == "``" or (
+            (i + len(token) < len(text) or i == 0 or is_js_space(before) or before == "<"
+             or _category_in(before, ("Ps",)))
+            and not previous_opened
+            and _opens_after(text, i)
+            and before not in (".", "!", "?")
+            and (token == '"' or (
+                i > 0
+                and _category_in(text[i + 2:i + 3], ("L", "N", "Sc", "Ps"))
+                and _next_quote(text, i + 2) == "''"
+            ))
         )
-        return " `` " if opening else " '' "
+        previous_opened = opened
+        return " `` " if opened else " '' "
 
-    s = re.sub(r"``|''|\"", quote, text)
+    s = _QUOTE_TOKEN.sub(quote, text)
     s = s.replace("...", " ... ")
     s = re.sub(r"[:,](?!\d)", lambda m: f" {m.group(0)} ", s)
     s = re.sub(r"[;@#$%&]", lambda m: f" {m.group(0)} ", s)
-    s = re.sub(r"([^.])(?<!\b[A-Za-z]\.[A-Za-z])(\.)([\])}>'\s]*)\Z", r"\1 \2\3 ", s, flags=re.ASCII)
+    s = re.sub(r"([^.])(?<!\b[A-Za-z]\.[A-Za-z])(\.)([\])}>'" + JS_SPACE_CLASS[1:-1] + r"]*)\Z", r"\1 \2\3 ", s,
+               flags=re.ASCII)
     s = re.sub(r"[?!]", lambda m: f" {m.group(0)} ", s)
     s = re.sub(r"[\][(){}<>]", lambda m: f" {m.group(0)} ", s)
     s = s.replace("--", " -- ")
