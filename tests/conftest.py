@@ -88,7 +88,15 @@ def episode_runtime(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tiers by folder: ``tests/docker`` needs the engine, ``tests/parity`` the promptfoo CLI;
+    ``tests/unit`` needs neither. A Docker test gets the engine fixture first, so a missing
+    engine is reported (or fails CI) before anything else runs."""
     for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier == "docker":
+            item.add_marker(pytest.mark.docker)
+        elif tier == "parity":
+            item.add_marker(pytest.mark.promptfoo)
         if item.get_closest_marker("docker"):
             item.fixturenames.insert(0, "docker_engine")
 

@@ -112,9 +112,15 @@ async def check_paths_stay_inside(provider: Provider, tmp: Path) -> None:
     """File tools refuse paths that leave the workspace, also through a symlink."""
     async with _started(provider, _spec(tmp)) as runtime:
         await _call(runtime, "shell.exec", command="ln -s / to-root")
-        for tool, path in [("fs.read", "../x"), ("fs.read", "/etc/passwd"), ("fs.write", "to-root/tmp/planted")]:
-            result = await _call(runtime, tool, path=path, content="x")
-            _expect(result.error is not None and result.error.type == "path_outside_workspace", f"{tool} {path}: {result}")
+        for tool, args in [
+            ("fs.read", {"path": "../x"}),
+            ("fs.read", {"path": "/etc/passwd"}),
+            ("fs.read", {"path": "to-root/etc/passwd"}),
+            ("fs.write", {"path": "to-root/tmp/planted", "content": "x"}),
+            ("fs.list", {"path": ".."}),
+        ]:
+            result = await _call(runtime, tool, **args)
+            _expect(result.error is not None and result.error.type == "path_outside_workspace", f"{tool} {args}: {result}")
 
 
 async def check_exec_output_and_exit_code(provider: Provider, tmp: Path) -> None:

@@ -17,7 +17,7 @@ from helpers import BASE, SUPPORT_DESK, owned_by_process, ready, this_process
 from softprobe.gym import labels as L
 
 pytestmark = pytest.mark.docker
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/, where orphan_host.py is
 
 
 def start_orphan(tmp_path: Path) -> subprocess.Popen:

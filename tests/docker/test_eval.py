@@ -17,7 +17,7 @@ import pytest
 from helpers import owned_by_process
 from softprobe.gym.evals.suite import SuiteError, load_suite
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "images" / "support-desk" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "images" / "support-desk" / "examples"
 # The screenshot README.md shows. The browser test below saves its own where
 # SOFTPROBE_SCREENSHOT says (never here on its own: this folder is an image's build context).
 README_SCREENSHOT = EXAMPLES / "report.png"
@@ -182,7 +182,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_the_readme_does_not_claim_a_test_makes_its_screenshot():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     shown = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", readme)
     assert [(README_SCREENSHOT.parents[3] / p).resolve() for p in shown] == [README_SCREENSHOT]
     assert "screenshot is taken by the project's own headless-Chromium test" not in readme

@@ -170,7 +170,7 @@ def test_eval_runs_a_suite_across_the_cluster(cluster, tmp_path):
     from pathlib import Path
 
     the_cluster, _ = cluster
-    suite = Path(__file__).resolve().parents[1] / "images" / "support-desk" / "examples" / "suite.yaml"
+    suite = Path(__file__).resolve().parents[2] / "images" / "support-desk" / "examples" / "suite.yaml"
     done = subprocess.run([sys.executable, "-m", "softprobe.gym.cli", "eval", str(suite), "--out", str(tmp_path),
                            "--ray", the_cluster.address], capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr  # the same outcome as a local run: one task fails on purpose

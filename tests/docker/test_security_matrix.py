@@ -344,7 +344,7 @@ async def test_row_15b_tool_processes_cannot_forge_or_kill_the_shim(host):
 
 async def test_row_16_a_sigkilled_host_leaves_nothing_gc_cannot_find(tmp_path, host):
     """Deeper: test_gc.py (an unrelated container survives; the start-up sweep)."""
-    child = subprocess.Popen([sys.executable, str(Path(__file__).parent / "orphan_host.py"), str(tmp_path), SUPPORT_DESK],
+    child = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "orphan_host.py"), str(tmp_path), SUPPORT_DESK],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "ready", child.stderr.read()
     os.kill(child.pid, signal.SIGKILL)

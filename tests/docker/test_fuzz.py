@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from helpers import SUPPORT_DESK
 from softprobe.gym import InvalidActionError, StepResult, create_host_environment
 
-SHIM = Path(__file__).resolve().parents[1] / "orchestrator" / "softprobe" / "gym" / "shim" / "agent_shim.py"
+SHIM = Path(__file__).resolve().parents[2] / "orchestrator" / "softprobe" / "gym" / "shim" / "agent_shim.py"
 ACTION_EXAMPLES = 300
 SHIM_EXAMPLES = 400
 
