@@ -18,6 +18,7 @@ import requests.exceptions
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from softprobe.gym.errors import DockerUnavailableError
+from softprobe.gym.providers.docker.errors import ENGINE_ERRORS, translate
 from softprobe.gym.providers.docker.retry import control_plane
 
 T = TypeVar("T")
@@ -101,9 +102,17 @@ class DockerEngine:
         return self.client.api
 
     async def run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``func(*args, **kwargs)`` on the engine's thread pool."""
+        """``func(*args, **kwargs)`` on the engine's thread pool.
+
+        Raises:
+            SandboxError (or a subclass): an engine error escaped ``func``, translated by
+                :func:`~softprobe.gym.providers.docker.errors.translate`.
+        """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(func, *args, **kwargs))
+        try:
+            return await loop.run_in_executor(self._executor, functools.partial(func, *args, **kwargs))
+        except ENGINE_ERRORS as err:
+            raise translate(err, getattr(func, "__name__", "a Docker call").lstrip("_")) from err
 
     def container_state(self, container_id: str) -> dict[str, Any]:
         """The engine's ``State`` of a container (blocking)."""

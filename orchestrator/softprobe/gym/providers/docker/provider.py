@@ -297,7 +297,7 @@ class DockerProvider(Provider):
     async def resolve_image(self, image: str) -> str | None:
         try:
             return str((await self.engine.run(self._inspect_image, image))["Id"])
-        except docker.errors.ImageNotFound:
+        except ImageNotFoundError:
             return None
 
     async def save_image(self, image: str) -> bytes:
