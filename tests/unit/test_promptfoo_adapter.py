@@ -170,3 +170,16 @@ async def test_batch_grading_uses_one_cli_process(tmp_path, monkeypatch):
     assert [r.attempt_id for r in results] == [f"r{i}" for i in range(20)]
     assert all(r.passed and r.backend == "cli" for r in results)
     assert log.read_text().count("call") == 1
+
+
+@pytest.mark.parametrize("value", ["10**400", "'Infinity'"])
+async def test_a_python_score_past_the_float_range_is_written_as_promptfoo_writes_it(value):
+    """JSON.stringify writes Infinity as null: the native bundle holds null, the score reads 0."""
+    import json
+
+    outcome = await execute_promptfoo_eval(
+        attempt_id="t", final_output="x", assertions=[{"type": "python", "value": value}], backend="native"
+    )
+    assert outcome.error is None and outcome.passed is True and outcome.score == 0.0
+    json.dumps(outcome.native_bundle, allow_nan=False)  # JSON, as promptfoo's own file would be
+    assert outcome.framework_result.findings[0].score == 0.0

@@ -33,6 +33,7 @@ from .errors import (
     UnsupportedMappingError,
 )
 from .framework_result import MAPPINGS
+from .jsvalues import as_json_written
 from .models import (
     Assertion,
     Backend,
@@ -212,8 +213,10 @@ def _grade_one_natively(case: EvalCase, version: str, mappings: list[str]) -> Ev
         return build_outcome(case, backend="native", version=version, bundle=None, row=None, status=status,
                              status_reason=f"grading failed: {err}", requested_mappings=mappings)
     duration = round((time.perf_counter() - clock) * 1000)
-    row = native_row(case, graded.grade, graded.error, latency_ms=0)
-    bundle = native_bundle(case, row, started=started, duration_ms=duration, evaluator_version=version)
+    # As promptfoo writes its results: a non-finite score (a python assertion returned 10**400)
+    # is null there, so it is here, and the bundle stays JSON.
+    row = as_json_written(native_row(case, graded.grade, graded.error, latency_ms=0))
+    bundle = as_json_written(native_bundle(case, row, started=started, duration_ms=duration, evaluator_version=version))
     return build_outcome(case, backend="native", version=version, bundle=bundle, row=row, status=graded.status,
                          status_reason=graded.error, errored_path=graded.errored_path, requested_mappings=mappings)
 

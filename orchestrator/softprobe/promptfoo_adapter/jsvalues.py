@@ -76,6 +76,18 @@ def json_stringify(value: Any) -> str:
     return json.dumps(str(value))
 
 
+def as_json_written(value: Any) -> Any:
+    """``value`` as ``JSON.parse(JSON.stringify(value))`` gives it back: what promptfoo's output
+    file holds. Non-finite numbers become null (a score of Infinity is written as ``null``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: as_json_written(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_json_written(v) for v in value]
+    return value
+
+
 def coerce_output(output: Any) -> str:
     """promptfoo's ``coerceString``: strings as they are, anything else as JSON."""
     return output if isinstance(output, str) else json_stringify(output)
