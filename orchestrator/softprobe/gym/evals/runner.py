@@ -22,11 +22,13 @@ from typing import Any, Callable
 
 from pydantic import BaseModel
 
-from softprobe.gym.episodes.store import EPISODE_ID_PATTERN, remove_tree
-from softprobe.gym.errors import GymError
-from softprobe.gym.training.export import trajectory_steps
 from softprobe.gym.episodes.factory import create_host_environment
-from softprobe.gym.training.session import RolloutResult, create_training_session
+from softprobe.gym.episodes.protocol import Host
+from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
+from softprobe.gym.paths import remove_tree
+from softprobe.gym.training.export import trajectory_steps
+from softprobe.gym.training.rollouts import RolloutSpec, run_rollout, write_seed_files
+from softprobe.gym.training.session import RolloutResult
 from softprobe.gym.training.splits import assert_no_leakage, partition_train_eval
 from softprobe.gym.evals.suite import Suite, SuiteError, Task
 from softprobe.gym.text import terminal_safe
@@ -210,18 +212,16 @@ async def run_suite(
         max_tool_timeout_s=max(600.0, suite.limits.tool_timeout_s),
         max_containers=concurrency,
     )
+    host: Host
     if ray_address is not None:
-        host: Any = await _connect_ray(ray_address, suite, host_options)
+        host = await _connect_ray(ray_address, suite, host_options)
     else:
         host = create_host_environment(**host_options)
 
     async def run_task(task: Task) -> None:
         nonlocal done
         async with limit:
-            if ray_address is not None:
-                record = await _run_one_on_ray(host, suite, task, reward_from)
-            else:
-                record = await _run_one(host, suite, task, out, reward_from)
+            record = await _run_one(host, suite, task, out, reward_from)
         (records_dir / f"{task.id}.json").write_text(record.model_dump_json())
         done += 1
         outcome = "finished" if record.ok else f"failed: {record.error}"
@@ -238,7 +238,7 @@ async def run_suite(
     return outcome
 
 
-async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any]) -> Any:
+async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any]) -> Host:
     import ray
 
     from softprobe.gym.scale.ray import DistributedHost
@@ -253,59 +253,24 @@ async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any])
     return await DistributedHost.connect(**options)
 
 
-def _seed_files(suite: Suite, task: Task) -> dict[str, bytes] | None:
-    """A task's own seed files as bytes, to send to the node that runs it."""
-    if task.files is not None:
-        return {rel: content.encode() for rel, content in task.files.items()}
-    folder = suite.resolve(task.seed)
-    if folder is None:
-        return None
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-
-
-async def _run_one_on_ray(dist: Any, suite: Suite, task: Task, reward_from: Any) -> TaskRecord:
-    started = time.perf_counter()
-    spec = {
-        "episode_id": task.id,
-        "actions": suite.policy(task) if task.policy else list(task.actions or []),
-        "reward_from": reward_from if task.checks else None,
-        "max_steps": suite.limits.max_steps,
-        "seed_files": _seed_files(suite, task),
-    }
-    (outcome,) = await dist.run_rollouts([spec], concurrency=1)
-    if outcome.error is not None:
-        error = f"{type(outcome.error).__name__}: {outcome.error}"
-        return TaskRecord(id=task.id, ok=False, error=error, duration_ms=_ms(started))
-    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=outcome.unwrap().model_dump(mode="json"))
-
-
-async def _run_one(host: Any, suite: Suite, task: Task, out: Path, reward_from: Any) -> TaskRecord:
+async def _run_one(host: Host, suite: Suite, task: Task, out: Path, reward_from: Any) -> TaskRecord:
+    """One task's rollout on ``host`` (local or Ray); a failure is the task's record, never raised."""
     started = time.perf_counter()
     seed = suite.resolve(task.seed)
-    if task.files is not None:
-        seed = out / "seeds" / task.id
-        for rel, content in task.files.items():
-            target = seed / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content)
-        seed.mkdir(parents=True, exist_ok=True)
+    if task.files is not None:  # the task's inline files, as a seed folder of its own
+        seed = write_seed_files({rel: text.encode() for rel, text in task.files.items()}, out / "seeds" / task.id)
+    spec = RolloutSpec(
+        episode_id=task.id,
+        actions=suite.policy(task) if task.policy else list(task.actions or []),
+        reward_from=reward_from if task.checks else None,
+        max_steps=suite.limits.max_steps,
+        seed_root=seed,
+    )
     try:
-        session = create_training_session(
-            host, episode_id=task.id, reward_from=reward_from if task.checks else None,
-            max_steps=suite.limits.max_steps, seed_root=seed,
-        )
-        source = suite.policy(task) if task.policy else list(task.actions or [])
-        async for _ in session.rollout(source):
-            pass
-        result = await session.finalize()
-        await host.destroy(episode_id=task.id)
-        return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=result.model_dump(mode="json"))
+        result = await run_rollout(host, spec)
     except Exception as err:  # a task's failure is its result; other tasks go on
-        try:
-            await host.destroy(episode_id=task.id)
-        except GymError:
-            pass
         return TaskRecord(id=task.id, ok=False, error=f"{type(err).__name__}: {err}", duration_ms=_ms(started))
+    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=result.model_dump(mode="json"))
 
 
 async def grade_records(

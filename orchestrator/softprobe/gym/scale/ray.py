@@ -28,7 +28,8 @@ from softprobe.gym.errors import GymError
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.results import CheckpointRecord, EpisodeHandle, FinalizeResult, ResetResult, StepResult
 from softprobe.gym.settings import Capabilities
-from softprobe.gym.training.session import RolloutResult, create_training_session
+from softprobe.gym.training.rollouts import RolloutSpec, run_local_rollout, seed_files, write_seed_files
+from softprobe.gym.training.session import RolloutResult
 
 
 class NodeLostError(GymError):
@@ -123,25 +124,23 @@ class HostActor:
         host = await self._ensure()
         seed_root = None
         if spec.get("seed_files") is not None:  # the driver's seed files, written on this node
-            seed_root = host.run_root / "seeds" / spec["episode_id"]
-            for rel, data in spec["seed_files"].items():
-                (seed_root / rel).parent.mkdir(parents=True, exist_ok=True)
-                (seed_root / rel).write_bytes(data)
-            seed_root.mkdir(parents=True, exist_ok=True)
-        session = create_training_session(
-            host, episode_id=spec["episode_id"], reward_from=spec.get("reward_from"),
+            seed_root = write_seed_files(spec["seed_files"], host.run_root / "seeds" / spec["episode_id"])
+        return await run_local_rollout(host, RolloutSpec(
+            episode_id=spec["episode_id"], actions=spec["actions"], reward_from=spec.get("reward_from"),
             max_steps=spec.get("max_steps"), seed_root=seed_root,
-        )
-        try:
-            async for _ in session.rollout(spec["actions"]):
-                pass
-            return await session.finalize()
-        finally:  # a failed rollout's container goes at once too, not when the actor closes
-            await host.destroy(episode_id=spec["episode_id"])
+        ))
 
     async def close(self) -> None:
         if self._host is not None:
             await self._host.close()
+
+
+def _as_dict(spec: dict[str, Any] | RolloutSpec) -> dict[str, Any]:
+    """What a node's actor receives: plain values, seed files as bytes."""
+    if isinstance(spec, dict):
+        return spec
+    return {"episode_id": spec.episode_id, "actions": spec.actions, "reward_from": spec.reward_from,
+            "max_steps": spec.max_steps, "seed_files": seed_files(spec.seed_root)}
 
 
 @dataclass
@@ -298,10 +297,13 @@ class DistributedHost:
         node = self._owner.pop(episode_id)
         node.episodes.discard(episode_id)
 
-    async def run_rollouts(self, specs: list[dict[str, Any]], *, concurrency: int = 8) -> list[RolloutOutcome]:
+    async def run_rollouts(
+        self, specs: list[dict[str, Any]] | list[RolloutSpec], *, concurrency: int = 8
+    ) -> list[RolloutOutcome]:
         """Run training rollouts across the nodes, at most ``concurrency`` at once.
 
-        Each spec has ``episode_id``, ``actions`` (a list or a policy), and optionally
+        Each spec is a :class:`RolloutSpec` (its ``seed_root`` is read here and shipped), or a
+        dict with ``episode_id``, ``actions`` (a list or a policy), and optionally
         ``reward_from``, ``max_steps`` and ``seed_files`` ({relative path: bytes}). Functions
         travel by cloudpickle: they must be importable on the nodes or registered with
         ``ray.cloudpickle.register_pickle_by_value``.
@@ -313,7 +315,8 @@ class DistributedHost:
         """
         limit = asyncio.Semaphore(concurrency)
 
-        async def one(spec: dict[str, Any]) -> RolloutOutcome:
+        async def one(given: dict[str, Any] | RolloutSpec) -> RolloutOutcome:
+            spec = _as_dict(given)
             episode_id = spec["episode_id"]
             node: _Node | None = None
             async with limit:
