@@ -24,12 +24,13 @@ Reward: the aggregate of ``reward_from``'s facts (see ``softprobe.gym.training.r
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import string
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Coroutine, SupportsFloat, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, SupportsFloat, TypeVar
 
 import gymnasium
 from gymnasium import spaces
@@ -37,6 +38,7 @@ from gymnasium import spaces
 from softprobe.gym.actions import loads_action
 from softprobe.gym.errors import InvalidActionError
 from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment
+from softprobe.gym.episodes.protocol import Host
 from softprobe.gym.training.rewards import Aggregate, RewardFrom, RewardTracker
 
 T = TypeVar("T")
@@ -53,7 +55,12 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
         reward_from: ``reward_from(ctx)`` returning facts after each step (sync or async).
         max_episode_steps: truncate after this many steps.
         observation_max_chars / action_max_chars: the sizes of the text spaces.
-        host_options: further ``create_host_environment`` arguments (container settings, ...).
+        host_factory: ``host_factory()`` (sync or async) makes the host instead, e.g.
+            ``DistributedHost.connect`` for a Ray cluster; it runs on the env's own event loop,
+            and the env closes the host on :meth:`close`. ``image``, ``seed_root``,
+            ``run_root`` and ``host_options`` are then not used.
+        host_options: further ``create_host_environment`` arguments (``provider``, container
+            settings, ...).
     """
 
     metadata = {"render_modes": []}
@@ -69,6 +76,7 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
         max_episode_steps: int | None = None,
         observation_max_chars: int = 65536,
         action_max_chars: int = 65536,
+        host_factory: Callable[[], Host | Awaitable[Host]] | None = None,
         **host_options: Any,
     ) -> None:
         self.observation_space = spaces.Text(max_length=observation_max_chars, charset=_CHARSET)
@@ -78,12 +86,16 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="softprobe-gymnasium", daemon=True)
         self._thread.start()
-        self._host = create_host_environment(
-            run_root=run_root or self._tmp.name,  # type: ignore[union-attr]
-            seed_root=seed_root,
-            image=image,
-            **host_options,
-        )
+        self._host: Host
+        if host_factory is not None:
+            self._host = self._run(_made(host_factory))
+        else:
+            self._host = create_host_environment(
+                run_root=run_root or self._tmp.name,  # type: ignore[union-attr]
+                seed_root=seed_root,
+                image=image,
+                **host_options,
+            )
         self._episode_id = self._run(
             self._host.create_episode(max_steps=max_episode_steps)
         ).episode_id
@@ -161,3 +173,9 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
                 return text[:limit]
             keep = max(0, keep - (len(text) - limit) - 8)
 
+
+async def _made(factory: Callable[[], Host | Awaitable[Host]]) -> Host:
+    made = factory()
+    if inspect.isawaitable(made):
+        return await made
+    return made
