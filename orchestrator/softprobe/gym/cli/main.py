@@ -7,8 +7,8 @@ import asyncio
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from softprobe.gym import __version__
 from softprobe.gym.errors import GymError
@@ -232,9 +232,8 @@ def _run_gc(args: argparse.Namespace) -> int:
 def _run_grade(args: argparse.Namespace) -> int:
     import json
 
-    from softprobe.promptfoo_adapter import PromptfooAdapterError, grade_cases
-
     from softprobe.gym.evals.grading import GRADER_STATUSES, case_for, finished_episodes, format_table, load_assertions
+    from softprobe.promptfoo_adapter import PromptfooAdapterError, grade_cases
 
     # Exit 1 means "some rollouts failed", so every error here is a 2.
     try:
@@ -267,10 +266,9 @@ def _run_grade(args: argparse.Namespace) -> int:
 def _run_eval(args: argparse.Namespace) -> int:
     import signal
 
-    from softprobe.promptfoo_adapter import PromptfooAdapterError
-
     from softprobe.gym.evals.runner import preflight_suite, run_suite
     from softprobe.gym.evals.suite import load_suite
+    from softprobe.promptfoo_adapter import PromptfooAdapterError
 
     if args.concurrency is not None and args.concurrency < 1:
         print("softprobe-gym: error: --concurrency must be at least 1", file=sys.stderr)

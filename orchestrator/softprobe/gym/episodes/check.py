@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pydantic import BaseModel
 
-from softprobe.gym.errors import CapabilityError, GymError, LifecycleError, UnsupportedForkError
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.episodes.protocol import Host
+from softprobe.gym.errors import CapabilityError, GymError, LifecycleError, UnsupportedForkError
 
 #: Actions replayed by the capability checks: deterministic on any image with the built-in tools.
 DEFAULT_ACTIONS: list[dict[str, Any]] = [

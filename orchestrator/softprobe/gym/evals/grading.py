@@ -10,9 +10,9 @@ import yaml
 from pydantic import ValidationError
 
 from softprobe.gym.errors import ConfigurationError
-from softprobe.gym.training.export import final_output_of, trajectory_digest, trajectory_steps
 from softprobe.gym.results import StepResult
 from softprobe.gym.text import terminal_safe
+from softprobe.gym.training.export import final_output_of, trajectory_digest, trajectory_steps
 
 
 def load_assertions(path: Path) -> tuple[list[dict[str, Any]], float | None]:

@@ -16,20 +16,21 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel
 
+from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN, remove_tree
 from softprobe.gym.errors import GymError
-from softprobe.gym.training.export import trajectory_steps
-from softprobe.gym.episodes.factory import create_host_environment
-from softprobe.gym.training.session import RolloutResult, create_training_session
-from softprobe.gym.training.splits import assert_no_leakage, partition_train_eval
 from softprobe.gym.evals.suite import Suite, SuiteError, Task
 from softprobe.gym.text import terminal_safe
+from softprobe.gym.training.export import trajectory_steps
+from softprobe.gym.training.session import RolloutResult, create_training_session
+from softprobe.gym.training.splits import assert_no_leakage, partition_train_eval
 
 
 class TaskRecord(BaseModel):
@@ -314,9 +315,8 @@ async def grade_records(
     """Grade every recorded rollout in one batch (one that broke as ``subject_error``, with no
     score); write ``grading/<id>/`` (framework-result.json, promptfoo.native.json),
     results.jsonl, summary.json and report.html."""
-    from softprobe.promptfoo_adapter import grade_cases
-
     from softprobe.gym.evals.report import write_report
+    from softprobe.promptfoo_adapter import grade_cases
 
     records = {}
     for task in tasks:

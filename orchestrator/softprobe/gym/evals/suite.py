@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -35,7 +36,6 @@ from softprobe.gym.actions import Action
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
 from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.settings import ContainerSettings
-
 
 _REPEATED = "task ids must be unique"
 

@@ -14,7 +14,6 @@ from softprobe.gym.results import SkippedMember
 from softprobe.gym.text import has_surrogate, readable_text
 
 
-
 def build_seed_archive(
     seed_root: Path | None,
     *,

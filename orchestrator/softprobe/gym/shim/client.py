@@ -12,7 +12,6 @@ from pydantic_core import from_json
 
 from softprobe.gym.actions import wire_json
 from softprobe.gym.errors import SandboxError, SandboxLostError, ShimReplyError
-from softprobe.gym.text import readable
 from softprobe.gym.shim.protocol import (
     CallRequest,
     CallResult,
@@ -26,6 +25,7 @@ from softprobe.gym.shim.protocol import (
     ShimRequest,
     ShimResponse,
 )
+from softprobe.gym.text import readable
 
 #: How long the host waits beyond a tool's own timeout before it declares the shim unresponsive.
 RESPONSE_GRACE_S = 15.0

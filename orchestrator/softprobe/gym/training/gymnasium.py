@@ -28,15 +28,16 @@ import json
 import string
 import tempfile
 import threading
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, Coroutine, SupportsFloat, TypeVar
+from typing import Any, SupportsFloat, TypeVar
 
 import gymnasium
 from gymnasium import spaces
 
 from softprobe.gym.actions import loads_action
-from softprobe.gym.errors import InvalidActionError
 from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment
+from softprobe.gym.errors import InvalidActionError
 from softprobe.gym.training.rewards import Aggregate, RewardFrom, RewardTracker
 
 T = TypeVar("T")

@@ -8,13 +8,14 @@ or, when small, through the shim after its handshake. Each episode gets uids of 
 from __future__ import annotations
 
 import asyncio
+import os
 import tarfile
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import docker
 import docker.errors

@@ -6,8 +6,9 @@ import asyncio
 import io
 import json
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import docker.errors
 import requests.exceptions
