@@ -288,7 +288,7 @@ async def grade_cases(
                                             status=err.status, status_reason=str(err), requested_mappings=mappings)
             return
         version = (report.get("metadata") or {}).get("promptfooVersion")
-        for k, (i, row) in enumerate(zip(indices, rows)):
+        for k, (i, row) in enumerate(zip(indices, rows, strict=True)):
             bundle = report if len(batch) == 1 else slice_bundle(report, k, row)
             if row.get("failureReason") == 2:
                 message = str(row.get("error") or "error").splitlines()[0]

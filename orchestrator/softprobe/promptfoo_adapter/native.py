@@ -116,7 +116,7 @@ def _contains_any_all(p: _Params) -> Grade:
     if p.base_type.endswith("-any"):
         passed = any(present) != p.inverse
         return _result(p, passed, f'Expected output to {_not(p)}contain one of "{", ".join(items)}"')
-    missing = [v for v, ok in zip(items, present) if not ok]
+    missing = [v for v, ok in zip(items, present, strict=True) if not ok]
     passed = (not missing) != p.inverse
     return _result(
         p, passed, f"Expected output to {_not(p)}contain all of [{', '.join(items)}]. Missing: [{', '.join(missing)}]"
@@ -575,7 +575,7 @@ def _tool_sequence(p: _Params) -> Grade:
     tools = [s for s in _steps(p) if s[0] == "tool"]
     actual = ", ".join(f"tool:{s[1]}" for s in tools) or "(none)"
     if mode == "exact":
-        base = len(tools) == len(matchers) and all(_matches(t, m) for t, m in zip(tools, matchers))
+        base = len(tools) == len(matchers) and all(_matches(t, m) for t, m in zip(tools, matchers, strict=True))
     else:
         at = 0
         for step in tools:
@@ -592,7 +592,7 @@ def _args_match(actual: Any, expected: Any, mode: str) -> bool:
         return deep_strict_equal(actual, expected)
     if isinstance(expected, list):
         return isinstance(actual, list) and len(actual) == len(expected) and all(
-            _args_match(a, e, mode) for a, e in zip(actual, expected)
+            _args_match(a, e, mode) for a, e in zip(actual, expected, strict=True)
         )
     if isinstance(expected, dict):
         return isinstance(actual, dict) and all(k in actual and _args_match(actual[k], v, mode) for k, v in expected.items())

@@ -109,7 +109,7 @@ def build_outcome(
         grading = row.get("gradingResult") or {}
         components = grading.get("componentResults") or []
         if len(components) == len(paths):
-            pairs = [(path, a.type, a.metric, c) for (path, a), c in zip(paths, components)]
+            pairs = [(path, a.type, a.metric, c) for (path, a), c in zip(paths, components, strict=True)]
         else:  # not the shape we expect: keep promptfoo's order, say what each one was
             pairs = [(f"component[{k}]", (c.get("assertion") or {}).get("type"), (c.get("assertion") or {}).get("metric"), c)
                      for k, c in enumerate(components)]

@@ -18,12 +18,13 @@ Ratios, not absolute times, are what carry from one machine to another.
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -35,6 +36,10 @@ from softprobe.gym.providers.docker.baseline import DockerBaseline
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.settings import RUNTIME_ENV, ContainerSettings
 from softprobe.gym.shim.runtime import Runtime
+
+if TYPE_CHECKING:
+    from softprobe.gym.training.rewards import RewardContext
+    from softprobe.gym.training.session import TrainingSession
 
 
 class BenchRow(BaseModel):
@@ -222,35 +227,36 @@ async def _checkpoints_and_forks(host: HostEnvironment, baseline: DockerBaseline
 
 
 async def _concurrency(image: str, tmp: Path, seed: Path, ks: tuple[int, ...], quick: bool) -> list[BenchRow]:
-    rows = []
     steps_each = 100 if quick else 200
-    for k in ks:
-        async with create_host_environment(run_root=tmp / f"k{k}", seed_root=seed, image=image) as host:
-            names = [f"k{k}-{i}" for i in range(k)]
-            await asyncio.gather(*(host.create_episode(episode_id=name) for name in names))
-            await asyncio.gather(*(host.reset(episode_id=name) for name in names))
-            latencies: list[float] = []
+    return [await _concurrency_row(image, tmp, seed, k, steps_each) for k in ks]
 
-            async def ours(name: str) -> None:
-                for _ in range(steps_each):
-                    latencies.append(await _timed(lambda: host.step(episode_id=name, action=READ)))
 
-            async def floor(name: str) -> None:
-                shim = _sandbox(host, name)
-                for _ in range(steps_each):
-                    await shim.exists("small.txt")
+async def _concurrency_row(image: str, tmp: Path, seed: Path, k: int, steps_each: int) -> BenchRow:
+    async with create_host_environment(run_root=tmp / f"k{k}", seed_root=seed, image=image) as host:
+        names = [f"k{k}-{i}" for i in range(k)]
+        await asyncio.gather(*(host.create_episode(episode_id=name) for name in names))
+        await asyncio.gather(*(host.reset(episode_id=name) for name in names))
+        latencies: list[float] = []
 
-            wall = await _timed(lambda: asyncio.gather(*(ours(name) for name in names)))
-            raw_wall = await _timed(lambda: asyncio.gather(*(floor(name) for name in names)))
-            total = k * steps_each
-            ours_rate, raw_rate = total / wall, total / raw_wall
-            rows.append(BenchRow(
-                name=f"{k} episodes stepping at once", unit="steps/s", ours_p50=round(ours_rate),
-                ours_p99=round(_p(latencies, 0.99) * 1000, 3), baseline="bare shim round trips, same containers",
-                baseline_p50=round(raw_rate), ratio=round(ours_rate / raw_rate, 2),
-                ratio_meaning="ours/baseline rate (p99 column: our step latency in ms)", samples=total,
-            ))
-    return rows
+        async def ours(name: str) -> None:
+            for _ in range(steps_each):
+                latencies.append(await _timed(lambda: host.step(episode_id=name, action=READ)))
+
+        async def floor(name: str) -> None:
+            shim = _sandbox(host, name)
+            for _ in range(steps_each):
+                await shim.exists("small.txt")
+
+        wall = await _timed(lambda: asyncio.gather(*(ours(name) for name in names)))
+        raw_wall = await _timed(lambda: asyncio.gather(*(floor(name) for name in names)))
+        total = k * steps_each
+        ours_rate, raw_rate = total / wall, total / raw_wall
+        return BenchRow(
+            name=f"{k} episodes stepping at once", unit="steps/s", ours_p50=round(ours_rate),
+            ours_p99=round(_p(latencies, 0.99) * 1000, 3), baseline="bare shim round trips, same containers",
+            baseline_p50=round(raw_rate), ratio=round(ours_rate / raw_rate, 2),
+            ratio_meaning="ours/baseline rate (p99 column: our step latency in ms)", samples=total,
+        )
 
 
 async def _large_workspace(image: str, tmp: Path) -> list[BenchRow]:
@@ -269,12 +275,16 @@ async def _large_workspace(image: str, tmp: Path) -> list[BenchRow]:
             await host.reset(episode_id="ws")
             for _ in range(3):
                 await host.step(episode_id="ws", action=action)
-            results[label] = [await _timed(lambda: host.step(episode_id="ws", action=action)) for _ in range(30)]
+            results[label] = await _step_times(host, action, 30)
     row = _time_row("step after a 1-file change, 10,000-file workspace", "same step, empty workspace",
                     results["big"], results["empty"])
     row.ratio = round(statistics.median(results["big"]) / statistics.median(results["empty"]), 2)
     row.ratio_meaning = "ours/baseline: the cost of workspace size (target <= 3)"
     return [row]
+
+
+async def _step_times(host: HostEnvironment, action: dict[str, Any], n: int) -> list[float]:
+    return [await _timed(lambda: host.step(episode_id="ws", action=action)) for _ in range(n)]
 
 
 def _rss_kib() -> int:
@@ -315,21 +325,24 @@ async def _memory_and_rollout(image: str, tmp: Path, seed: Path) -> list[BenchRo
         times = []
         async with create_host_environment(run_root=tmp / "rollout", image=image, on_step=has_note) as host:
             for i in range(5):
-                session = create_training_session(host, episode_id=f"r{i}", reward_from=lambda ctx: {
-                    "checks": [{"name": "note_written", "passed": bool(ctx.step_result.diagnostics.get("workspace_had_note"))}]})
-
-                async def rollout() -> None:
-                    async for _ in session.rollout([
-                        {"type": "tool", "name": "crm.get_account", "args": {"id": "A-42"}},
-                        {"type": "tool", "name": "fs.write", "args": {"path": "refund-note.md"}},
-                        {"type": "terminate"},
-                    ]):
-                        pass
-                    await session.finalize()
-
-                times.append(await _timed(rollout))
+                session = create_training_session(host, episode_id=f"r{i}", reward_from=_note_reward)
+                times.append(await _timed(functools.partial(_rollout, session)))
         rows.append(_time_row("support-desk training rollout + finalize", None, times, None))
     return rows
+
+
+def _note_reward(ctx: RewardContext) -> dict[str, Any]:
+    return {"checks": [{"name": "note_written", "passed": bool(ctx.step_result.diagnostics.get("workspace_had_note"))}]}
+
+
+async def _rollout(session: TrainingSession) -> None:
+    async for _ in session.rollout([
+        {"type": "tool", "name": "crm.get_account", "args": {"id": "A-42"}},
+        {"type": "tool", "name": "fs.write", "args": {"path": "refund-note.md"}},
+        {"type": "terminate"},
+    ]):
+        pass
+    await session.finalize()
 
 
 def format_report(report: BenchReport) -> str:

@@ -247,12 +247,12 @@ def _run_grade(args: argparse.Namespace) -> int:
         print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
     try:
-        written = [result.write_artifacts(folder) for folder, result in zip(episodes, results)]
+        written = [result.write_artifacts(folder) for folder, result in zip(episodes, results, strict=True)]
     except OSError as err:
         print(f"softprobe-gym: error: cannot write the grading artifacts: {err}", file=sys.stderr)
         return 2
     if args.json:
-        for result, paths in zip(results, written):
+        for result, paths in zip(results, written, strict=True):
             print(json.dumps({**result.summary(), "artifacts": {k: str(v) for k, v in paths.items()}}))
     else:
         print(format_table(results))

@@ -107,7 +107,7 @@ def format_table(results: list[Any]) -> str:
     ids = [terminal_safe(r.attempt_id) for r in results]
     width = max([len("episode")] + [len(i) for i in ids])
     lines = [f"{'episode':{width}}  result  score   backend  reason", "-" * (width + 48)]
-    for r, attempt_id in zip(results, ids):
+    for r, attempt_id in zip(results, ids, strict=True):
         reason = terminal_safe(r.reason if r.status == "succeeded" else f"{r.status}: {r.error}")
         score = f"{r.score:6.3f}" if r.score is not None else f"{'-':>6}"
         lines.append(f"{attempt_id:{width}}  {verdict(r):6}  {score}  {terminal_safe(r.backend):7}  {reason[:90]}")
