@@ -227,7 +227,8 @@ def _is_integer(checker: Any, instance: Any) -> bool:
 
 _TYPES = jsonschema.Draft7Validator.TYPE_CHECKER.redefine_many({"number": _is_number, "integer": _is_integer})
 
-_AjvDraft7 = validators.extend(
+# types-jsonschema leaves validators.extend unannotated (it returns a validator class, Any here).
+_AjvDraft7 = validators.extend(  # type: ignore[no-untyped-call]
     jsonschema.Draft7Validator,
     type_checker=_TYPES,
     validators={"pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional_properties,

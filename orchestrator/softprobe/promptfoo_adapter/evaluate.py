@@ -359,18 +359,20 @@ async def execute_promptfoo_eval(
         UnsupportedMappingError: a requested mapping is not supported; nothing ran.
         pydantic.ValidationError: an assertion has no ``type`` (or another malformed argument).
     """
-    case = EvalCase(
-        attempt_id=attempt_id,
-        final_output=final_output,
-        trajectory_digest=trajectory_digest,
-        source_trace_id=source_trace_id,
-        assertions=[a if isinstance(a, Assertion) else Assertion.model_validate(a) for a in assertions],
-        threshold=threshold,
-        steps=steps,
-        latency_ms=latency_ms,
-        cost=cost,
-        subject_failure=subject_failure,
-    )
+    # model_validate, as the constructor does with its keywords: steps and subject_failure may be
+    # dicts (or step-like objects) that validation turns into models.
+    case = EvalCase.model_validate({
+        "attempt_id": attempt_id,
+        "final_output": final_output,
+        "trajectory_digest": trajectory_digest,
+        "source_trace_id": source_trace_id,
+        "assertions": [a if isinstance(a, Assertion) else Assertion.model_validate(a) for a in assertions],
+        "threshold": threshold,
+        "steps": steps,
+        "latency_ms": latency_ms,
+        "cost": cost,
+        "subject_failure": subject_failure,
+    })
     (outcome,) = await grade_cases([case], backend=backend, requested_mappings=requested_mappings,
                                    cli_timeout_s=cli_timeout_s)
     return outcome

@@ -17,13 +17,13 @@ import hashlib
 import json
 from functools import lru_cache
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from .errors import InvalidFrameworkResultError
 
-SCHEMA_ID = "softprobe.framework-result/v1"
+SCHEMA_ID: Final = "softprobe.framework-result/v1"
 SCHEMA_FILE = "framework-result.v1.schema.json"
 
 ResultStatus = Literal[

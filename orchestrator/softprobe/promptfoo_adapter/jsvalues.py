@@ -32,7 +32,9 @@ def js_number(value: float | int) -> str:
     digits_tuple = Decimal(repr(abs(x))).normalize().as_tuple()
     digits = "".join(str(d) for d in digits_tuple.digits)
     k = len(digits)
-    n = digits_tuple.exponent + k  # the position of the decimal point
+    exponent = digits_tuple.exponent
+    assert isinstance(exponent, int)  # x is finite: never the 'n'/'N'/'F' of NaN and Infinity
+    n = exponent + k  # the position of the decimal point
     if k <= n <= 21:
         return sign + digits + "0" * (n - k)
     if 0 < n <= 21:

@@ -104,7 +104,8 @@ def _list_value(p: _Params) -> list[Any]:
             value = split_comma_values(value)
         except ValueError as err:
             raise InvalidAssertion(str(err)) from None
-    _require(isinstance(value, list), f'"{p.base_type}" assertion type must have an array value')
+    if not isinstance(value, list):
+        raise InvalidAssertion(f'"{p.base_type}" assertion type must have an array value')
     return value
 
 
@@ -550,8 +551,9 @@ def _tool_used(p: _Params) -> Grade:
         raise InvalidAssertion("trajectory:tool-used assertion must have a string, string array, or object value")
     matcher = _matcher(value)
     _require(matcher.get("pattern") or matcher.get("name"), "trajectory:tool-used assertion object must include a name or pattern property")
-    low = value.get("min") if isinstance(value.get("min"), (int, float)) else 1
-    high = value.get("max") if isinstance(value.get("max"), (int, float)) else None
+    given_min, given_max = value.get("min"), value.get("max")
+    low = given_min if isinstance(given_min, (int, float)) else 1
+    high = given_max if isinstance(given_max, (int, float)) else None
     count = sum(_matches(s, matcher) for s in tools)
     base = count >= low and (high is None or count <= high)
     passed = base != p.inverse

@@ -108,6 +108,7 @@ def build_outcome(
         assert row is not None
         grading = row.get("gradingResult") or {}
         components = grading.get("componentResults") or []
+        pairs: list[tuple[str, str | None, str | None, dict[str, Any]]]
         if len(components) == len(paths):
             pairs = [(path, a.type, a.metric, c) for (path, a), c in zip(paths, components, strict=True)]
         else:  # not the shape we expect: keep promptfoo's order, say what each one was

@@ -103,7 +103,7 @@ def reward_chart(rewards: list[dict[str, Any]], width: int = 520, height: int = 
     names = sorted({name for r in rewards for name in r["components"]})
     if not rewards or not names:
         return '<p class="muted">No reward components (the task has no checks).</p>'
-    values = [v for r in rewards for v in r["components"].values()]
+    values: list[float] = [v for r in rewards for v in r["components"].values()]
     low, high = min(values + [0.0]), max(values + [1.0])
     span = (high - low) or 1.0
     pad = 24

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
 from softprobe.gym.actions import wire_json
@@ -31,6 +31,8 @@ from softprobe.gym.text import readable
 RESPONSE_GRACE_S = 15.0
 
 _timeout = getattr(asyncio, "timeout", None)
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 
 class LineChannel(Protocol):
@@ -185,7 +187,7 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _validated(model: Any, result: Any, op: str) -> Any:
+def _validated(model: type[_Model], result: object, op: str) -> _Model:
     try:
         return model.model_validate(result)
     except ValidationError as err:

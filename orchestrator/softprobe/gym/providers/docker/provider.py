@@ -165,7 +165,10 @@ class DockerProvider(Provider):
 
     @control_plane
     def _inspect_image(self, image: str) -> dict[str, Any]:
-        return self.client.api.inspect_image(image)
+        # types-docker leaves the low-level APIClient methods unannotated; the result is the
+        # engine's JSON for the image.
+        attrs: dict[str, Any] = self.client.api.inspect_image(image)  # type: ignore[no-untyped-call]
+        return attrs
 
     def _resolve_user(self, image_id: str, user: str | None) -> tuple[int, int, str | None]:
         """Numeric ids for the user tools run as, looking names up in the image's /etc/passwd.
@@ -270,7 +273,8 @@ class DockerProvider(Provider):
             network_disabled=settings.network == "none",
             host_config=host_config,
         )
-        return response["Id"]
+        container_id: str = response["Id"]
+        return container_id
 
     @control_plane
     def _put_archive(self, container_id: str, archive: bytes) -> None:
