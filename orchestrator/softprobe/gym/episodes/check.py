@@ -76,10 +76,11 @@ async def check_host(host: Host, *, actions: list[dict[str, Any]] | None = None)
 
     async def lifecycle() -> str:
         episode_id = await new_episode("order")
-        for call, label in [
+        calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
             (lambda: host.step(episode_id=episode_id, action={"type": "terminate"}), "step before reset"),
             (lambda: host.finalize(episode_id=episode_id), "finalize before reset"),
-        ]:
+        ]
+        for call, label in calls:
             try:
                 await call()
             except LifecycleError:

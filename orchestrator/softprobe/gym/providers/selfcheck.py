@@ -11,7 +11,7 @@ A failing check raises :class:`ProviderCheckError` saying what was expected and 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -70,7 +70,14 @@ async def _started(provider: Provider, spec: SandboxSpec) -> AsyncIterator[Runti
         await runtime.remove()
 
 
-async def _call(runtime: Runtime, tool: str, timeout_s: float = 30.0, output_cap: int = 1 << 20, **args: object) -> CallResult:
+async def _call(runtime: Runtime, tool: str, timeout_s: float = 30.0, output_cap: int = 1 << 20,
+                **args: object) -> CallResult:
+    return await _call_with(runtime, tool, args, timeout_s=timeout_s, output_cap=output_cap)
+
+
+async def _call_with(runtime: Runtime, tool: str, args: Mapping[str, object], *, timeout_s: float = 30.0,
+                     output_cap: int = 1 << 20) -> CallResult:
+    """``_call`` with the tool's arguments as a dict (one named ``timeout_s`` stays the tool's)."""
     return await runtime.call_tool(tool=tool, args=dict(args), timeout_s=timeout_s, output_cap=output_cap)
 
 
@@ -119,7 +126,7 @@ async def check_paths_stay_inside(provider: Provider, tmp: Path) -> None:
             ("fs.write", {"path": "to-root/tmp/planted", "content": "x"}),
             ("fs.list", {"path": ".."}),
         ]:
-            result = await _call(runtime, tool, **args)
+            result = await _call_with(runtime, tool, args)
             _expect(result.error is not None and result.error.type == "path_outside_workspace", f"{tool} {args}: {result}")
 
 

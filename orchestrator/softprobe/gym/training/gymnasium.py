@@ -72,7 +72,7 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
         action_max_chars: int = 65536,
         **host_options: Any,
     ) -> None:
-        self.observation_space = spaces.Text(max_length=observation_max_chars, charset=_CHARSET)
+        self.observation_space: spaces.Text = spaces.Text(max_length=observation_max_chars, charset=_CHARSET)
         self.action_space = spaces.Text(max_length=action_max_chars, charset=_CHARSET)
         self._rewards = RewardTracker(reward_from, reward_aggregate) if reward_from is not None else None
         self._tmp = tempfile.TemporaryDirectory(prefix="softprobe-gymnasium-") if run_root is None else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Generator, Iterable
 from pathlib import Path
 from typing import (
     Annotated,
@@ -155,7 +155,7 @@ class TrainingSession:
         """
         return Rollout(self, actions_or_policy)
 
-    async def _rollout(self, source: Any) -> AsyncIterator[ResetEvent | StepEvent | TerminatedEvent]:
+    async def _rollout(self, source: Any) -> AsyncGenerator[ResetEvent | StepEvent | TerminatedEvent, None]:
         await self._ensure_episode()
         episode_id = str(self.episode_id)
         self._steps, self._reason = [], None
