@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import BaseModel
 
@@ -106,9 +106,19 @@ READ = {"type": "tool", "name": "fs.read", "args": {"path": "small.txt"}}
 TRUE = {"type": "tool", "name": "shell.exec", "args": {"command": "true"}}
 
 
+class _Sizes(TypedDict):
+    """How much each measurement does (``--quick`` or not)."""
+
+    steps: int
+    execs: int
+    resets: int
+    forks: int
+    concurrency: tuple[int, ...]  # episodes stepping at once, one row each
+
+
 async def run_bench(*, image: str, quick: bool = False, log: Callable[[str], None] = lambda _: None) -> BenchReport:
     """Run every measurement; leaves no container, image or folder behind."""
-    n = {"steps": 200, "execs": 20, "resets": 6, "forks": 3, "concurrency": (1, 8)} if quick else {
+    n: _Sizes = {"steps": 200, "execs": 20, "resets": 6, "forks": 3, "concurrency": (1, 8)} if quick else {
         "steps": 1000, "execs": 100, "resets": 25, "forks": 5, "concurrency": (1, 8, 32, 64)}
     rows: list[BenchRow] = []
     with tempfile.TemporaryDirectory(prefix="softprobe-bench-") as tmp:
@@ -142,7 +152,7 @@ def _sandbox(host: HostEnvironment, episode_id: str) -> Runtime:
     return runtime
 
 
-async def _steps(host: HostEnvironment, baseline: DockerBaseline, n: dict[str, Any]) -> list[BenchRow]:
+async def _steps(host: HostEnvironment, baseline: DockerBaseline, n: _Sizes) -> list[BenchRow]:
     await host.create_episode(episode_id="bench")
     await host.reset(episode_id="bench")
     container = _sandbox(host, "bench").sandbox_id
@@ -169,7 +179,7 @@ async def _steps(host: HostEnvironment, baseline: DockerBaseline, n: dict[str, A
     return rows
 
 
-async def _resets(host: HostEnvironment, baseline: DockerBaseline, seed: Path, n: dict[str, Any]) -> list[BenchRow]:
+async def _resets(host: HostEnvironment, baseline: DockerBaseline, seed: Path, n: _Sizes) -> list[BenchRow]:
     image_id = _sandbox(host, "bench").image_id
     archive = build_seed_archive(seed, uid=1000, gid=1000)
     settings = host.config.container
@@ -195,7 +205,7 @@ async def _resets(host: HostEnvironment, baseline: DockerBaseline, seed: Path, n
     return rows
 
 
-async def _checkpoints_and_forks(host: HostEnvironment, baseline: DockerBaseline, n: dict[str, Any]) -> list[BenchRow]:
+async def _checkpoints_and_forks(host: HostEnvironment, baseline: DockerBaseline, n: _Sizes) -> list[BenchRow]:
     write = {"type": "tool", "name": "fs.write", "args": {"path": "n.txt", "content": "1"}}
     await host.step(episode_id="bench", action=write)
     ours, raw = [], []
@@ -345,6 +355,10 @@ async def _rollout(session: TrainingSession) -> None:
     await session.finalize()
 
 
+def _prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda line: log(prefix + line)
+
+
 def format_report(report: BenchReport) -> str:
     header = f"{'measurement':52} {'unit':8} {'p50':>10} {'p99':>10}   {'baseline':38} {'p50':>10} {'ratio':>8}"
     lines = [f"softprobe-gym bench on {report.image}{' (quick)' if report.quick else ''}", header, "-" * len(header)]
@@ -407,7 +421,7 @@ def main_bench(*, image: str, quick: bool, as_json: bool, runtimes: list[str] | 
     try:
         for runtime in runtimes:
             os.environ[RUNTIME_ENV] = runtime  # every host the bench makes defaults to it
-            reports[runtime] = asyncio.run(run_bench(image=image, quick=quick, log=lambda s, r=runtime: log(f"{r}: {s}")))
+            reports[runtime] = asyncio.run(run_bench(image=image, quick=quick, log=_prefixed(log, f"{runtime}: ")))
     finally:
         if saved is None:
             os.environ.pop(RUNTIME_ENV, None)

@@ -7,7 +7,7 @@ import asyncio
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from softprobe.gym import __version__
@@ -176,7 +176,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_mode(build)
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
     build.set_defaults(run=_run_images_build)
-    images.set_defaults(run=lambda _: images.print_help() or 2)
+
+    def images_help(_: argparse.Namespace) -> int:
+        images.print_help()
+        return 2
+
+    images.set_defaults(run=images_help)
     return parser
 
 
@@ -318,7 +323,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 class _progress_display:
     """A rich progress bar on a terminal, plain lines otherwise."""
 
-    def __enter__(self):  # type: ignore[no-untyped-def]
+    def __enter__(self) -> Callable[[str, int, int], None]:
         from softprobe.gym.evals.runner import plain_progress
 
         self._bar = None
@@ -326,14 +331,14 @@ class _progress_display:
             import rich.markup
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 transient=False)
-            self._bar.start()
-            self._task = self._bar.add_task("eval", total=None)
+            bar = self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                       TimeElapsedColumn(), transient=False)
+            bar.start()
+            self._task = bar.add_task("eval", total=None)
 
             def update(message: str, done: int, total: int) -> None:
                 shown = rich.markup.escape(terminal_safe(message)[:60])  # neither escapes nor markup
-                self._bar.update(self._task, completed=done, total=total, description=shown)
+                bar.update(self._task, completed=done, total=total, description=shown)
 
             return update
         return plain_progress

@@ -19,18 +19,22 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from softprobe.gym.episodes.factory import create_host_environment
-from softprobe.gym.episodes.store import EPISODE_ID_PATTERN, remove_tree
+from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
 from softprobe.gym.errors import GymError
 from softprobe.gym.evals.suite import Suite, SuiteError, Task
+from softprobe.gym.paths import remove_tree
 from softprobe.gym.text import terminal_safe
 from softprobe.gym.training.export import trajectory_steps
 from softprobe.gym.training.session import RolloutResult, create_training_session
 from softprobe.gym.training.splits import assert_no_leakage, partition_train_eval
+
+if TYPE_CHECKING:  # the adapter is imported when grading starts, not with the runner
+    from softprobe.promptfoo_adapter.models import Backend
 
 
 class TaskRecord(BaseModel):
@@ -140,7 +144,7 @@ async def run_suite(
     *,
     concurrency: int | None = None,
     resume: bool = False,
-    backend: str | None = None,
+    backend: Backend | None = None,
     progress: Progress = lambda message, done, total: None,
     ray_address: str | None = None,
     preflight: bool = True,
@@ -201,7 +205,8 @@ async def run_suite(
     concurrency = concurrency or suite.concurrency
     limit = asyncio.Semaphore(concurrency)
     interrupted = False
-    host_options = dict(
+    # create_host_environment's keywords; for Ray also sent to the nodes (see _connect_ray).
+    host_options: dict[str, Any] = dict(
         run_root=(out / "runs").resolve(),
         seed_root=suite.resolve(suite.seed),
         image=suite.image,
@@ -249,7 +254,10 @@ async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any])
     # Policies live next to the suite, not on the nodes: send their modules by value.
     for task in suite.tasks:
         if task.policy:
-            ray.cloudpickle.register_pickle_by_value(sys.modules[suite.policy(task).__module__])
+            # ray.cloudpickle is untyped; this registers a module to be pickled by value.
+            ray.cloudpickle.register_pickle_by_value(  # type: ignore[no-untyped-call]
+                sys.modules[suite.policy(task).__module__]
+            )
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in host_options.items()}
     return await DistributedHost.connect(**options)
 
@@ -310,7 +318,7 @@ async def _run_one(host: Any, suite: Suite, task: Task, out: Path, reward_from: 
 
 
 async def grade_records(
-    suite: Suite, out: Path, tasks: list[Task], *, backend: str, wall_s: float, interrupted: bool
+    suite: Suite, out: Path, tasks: list[Task], *, backend: Backend, wall_s: float, interrupted: bool
 ) -> SuiteOutcome:
     """Grade every recorded rollout in one batch (one that broke as ``subject_error``, with no
     score); write ``grading/<id>/`` (framework-result.json, promptfoo.native.json),
@@ -323,7 +331,7 @@ async def grade_records(
         path = out / "tasks" / f"{task.id}.json"
         if path.exists():
             records[task.id] = TaskRecord.model_validate_json(path.read_text())
-    cases = []
+    cases: list[dict[str, Any]] = []
     for task in tasks:
         record = records.get(task.id)
         if record is None:
@@ -357,8 +365,8 @@ async def grade_records(
         results.append(_task_result(task, record, outcome, paths))
     summary = _summary(suite, results, len(tasks), wall_s, interrupted, backend)
     with open(out / "results.jsonl", "w") as f:
-        for result in results:
-            f.write(result.model_dump_json() + "\n")
+        for task_result in results:
+            f.write(task_result.model_dump_json() + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(out / "report.html", suite, summary, results, records)
     return SuiteOutcome(results=results, summary=summary, interrupted=interrupted)
