@@ -74,7 +74,11 @@ def json_stringify(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(json_stringify(item) for item in value) + "]"
     if isinstance(value, dict):
-        return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{json_stringify(v)}" for k, v in value.items()) + "}"
+        return (
+            "{"
+            + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{json_stringify(v)}" for k, v in value.items())
+            + "}"
+        )
     return json.dumps(str(value))
 
 

@@ -168,5 +168,7 @@ async def check_host(host: Host, *, actions: list[dict[str, Any]] | None = None)
             except GymError:
                 pass
     return HostCheckReport(
-        passed=all(c.passed for c in checks), checks=checks, runtime=host.config.container.runtime if isinstance(host, HostEnvironment) else None
+        passed=all(c.passed for c in checks),
+        checks=checks,
+        runtime=host.config.container.runtime if isinstance(host, HostEnvironment) else None,
     )

@@ -57,7 +57,11 @@ class Check(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Check:
-        given = [k for k in ("file_exists", "file_contains", "observation_contains", "no_error") if getattr(self, k) is not None]
+        given = [
+            k
+            for k in ("file_exists", "file_contains", "observation_contains", "no_error")
+            if getattr(self, k) is not None
+        ]
         if len(given) != 1:
             raise ValueError(
                 "a check needs exactly one of file_exists, file_contains, observation_contains, no_error"
