@@ -93,7 +93,8 @@ def describe_runner(backend: Backend = "auto") -> RunnerDescription:
     """
     if backend not in _MAPPING_SUPPORT:
         raise ValueError(f"backend must be 'native', 'cli' or 'auto', not {backend!r}")
-    versions: dict[str, str | None] = {"native": native_version(), "cli": cli_version() if backend != "native" else None}
+    versions: dict[str, str | None] = {"native": native_version(),
+                                       "cli": cli_version() if backend != "native" else None}
     if backend == "native":
         version, available = versions["native"], True
     elif backend == "cli":
@@ -255,7 +256,8 @@ async def grade_cases(
         except UnsupportedAssertionError as err:
             outcomes[i] = build_outcome(case, backend="cli" if backend == "cli" else "native", version=None,
                                         bundle=None, row=None, status="unsupported", status_reason=str(err),
-                                        errored_path=path_of_type(case, err.assertion_type), requested_mappings=mappings)
+                                        errored_path=path_of_type(case, err.assertion_type),
+                                        requested_mappings=mappings)
             continue
         (cli_indices if chosen == "cli" else native_indices).append(i)
 

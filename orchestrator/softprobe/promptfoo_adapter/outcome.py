@@ -112,14 +112,15 @@ def build_outcome(
         if len(components) == len(paths):
             pairs = [(path, a.type, a.metric, c) for (path, a), c in zip(paths, components, strict=True)]
         else:  # not the shape we expect: keep promptfoo's order, say what each one was
-            pairs = [(f"component[{k}]", (c.get("assertion") or {}).get("type"), (c.get("assertion") or {}).get("metric"), c)
-                     for k, c in enumerate(components)]
+            pairs = [(f"component[{k}]", (c.get("assertion") or {}).get("type"),
+                      (c.get("assertion") or {}).get("metric"), c) for k, c in enumerate(components)]
         for path, kind, metric, component in pairs:
             findings.append(Finding(kind="assertion", path=path, assertion_type=kind, metric=metric,
                                     outcome="passed" if component.get("pass") else "failed",
                                     score=_float(component.get("score")), reason=str(component.get("reason") or "")))
         passed = bool(row.get("success"))
-        findings.append(Finding(kind="overall", path="test", assertion_type=None, outcome="passed" if passed else "failed",
+        findings.append(Finding(kind="overall", path="test", assertion_type=None,
+                                outcome="passed" if passed else "failed",
                                 score=_float(row.get("score", grading.get("score"))),
                                 reason=str(grading.get("reason") or row.get("error") or "")))
         named = {k: _float(v) for k, v in (row.get("namedScores") or {}).items()}
@@ -127,12 +128,14 @@ def build_outcome(
         reason = status_reason or status
         for path, assertion in paths:
             if path == errored_path:
-                findings.append(Finding(kind="assertion", path=path, assertion_type=assertion.type, metric=assertion.metric,
-                                        outcome="errored", score=None, reason=reason))
+                findings.append(Finding(kind="assertion", path=path, assertion_type=assertion.type,
+                                        metric=assertion.metric, outcome="errored", score=None, reason=reason))
             else:
-                findings.append(Finding(kind="assertion", path=path, assertion_type=assertion.type, metric=assertion.metric,
-                                        outcome="skipped", score=None, reason=f"not graded: the attempt ended in {status}"))
-        findings.append(Finding(kind="overall", path="test", assertion_type=None, outcome="errored", score=None, reason=reason))
+                findings.append(Finding(kind="assertion", path=path, assertion_type=assertion.type,
+                                        metric=assertion.metric, outcome="skipped", score=None,
+                                        reason=f"not graded: the attempt ended in {status}"))
+        findings.append(Finding(kind="overall", path="test", assertion_type=None, outcome="errored", score=None,
+                                reason=reason))
     mappings = mappings_of(case, requested_mappings)
     assertions_digest = sha256_json({"assert": [a.to_config() for a in case.assertions], "threshold": case.threshold})
     digests = Digests(

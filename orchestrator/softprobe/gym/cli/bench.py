@@ -326,7 +326,8 @@ async def _memory_and_rollout(image: str, tmp: Path, seed: Path) -> list[BenchRo
         per_container = [await baseline.memory_mb(_sandbox(host, name).sandbox_id) for name in names]
         total = statistics.median(per_container) + host_share
         rows.append(BenchRow(name=f"memory of an idle episode (median of {k})", unit="MB", ours_p50=round(total, 2),
-                             baseline="container working set + host share", baseline_p50=round(statistics.median(per_container), 2),
+                             baseline="container working set + host share",
+                             baseline_p50=round(statistics.median(per_container), 2),
                              ratio=round(host_share, 2), ratio_meaning="host share of the total (MB)", samples=k))
     if image.endswith("support-desk:latest"):
         async def has_note(ctx: Any) -> dict[str, Any]:

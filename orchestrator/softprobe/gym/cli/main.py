@@ -101,7 +101,8 @@ def _parser() -> argparse.ArgumentParser:
             "p99, the baseline and the ratio; cleans up after itself."
         ),
     )
-    bench.add_argument("--image", default="softprobe/support-desk:latest", help="image to measure on (default: %(default)s)")
+    bench.add_argument("--image", default="softprobe/support-desk:latest",
+                       help="image to measure on (default: %(default)s)")
     bench.add_argument("--quick", action="store_true", help="fewer samples (well under a minute)")
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.add_argument(
@@ -159,7 +160,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--concurrency", type=int, metavar="N", help="episodes at once (default: the suite's)")
     evaluate.add_argument("--resume", action="store_true", help="skip tasks already finished in DIR")
     evaluate.add_argument("--backend", choices=["auto", "native", "cli"], help="grading backend (default: the suite's)")
-    evaluate.add_argument("--ray", metavar="auto|ADDRESS", help="run the episodes across a Ray cluster (needs the ray extra)")
+    evaluate.add_argument("--ray", metavar="auto|ADDRESS",
+                          help="run the episodes across a Ray cluster (needs the ray extra)")
     _add_runtime(evaluate)
     evaluate.set_defaults(run=_run_eval)
 
@@ -296,7 +298,8 @@ def _run_eval(args: argparse.Namespace) -> int:
 
         with _progress_display() as progress:
             inner = asyncio.ensure_future(run_suite(
-                suite, args.out, concurrency=args.concurrency, resume=args.resume, backend=args.backend, progress=progress,
+                suite, args.out, concurrency=args.concurrency, resume=args.resume, backend=args.backend,
+                progress=progress,
                 ray_address=args.ray, preflight=False,  # done above, before anything was written
             ))
             loop.add_signal_handler(signal.SIGINT, interrupt)

@@ -239,8 +239,8 @@ async def run_suite(
         interrupted = True
     finally:
         await asyncio.shield(host.close())
-    outcome = await grade_records(suite, out, tasks, backend=backend or suite.backend, wall_s=time.perf_counter() - started,
-                                  interrupted=interrupted)
+    outcome = await grade_records(suite, out, tasks, backend=backend or suite.backend,
+                                  wall_s=time.perf_counter() - started, interrupted=interrupted)
     return outcome
 
 
@@ -376,7 +376,8 @@ def _task_result(task: Task, record: TaskRecord, graded: Any, grading: dict[str,
     rollout = record.rollout or {}
     steps = rollout.get("steps", [])
     rewards = [
-        {"step": s["index"], "reward": s.get("reward"), "components": {c["name"]: c["value"] for c in s.get("reward_components", [])}}
+        {"step": s["index"], "reward": s.get("reward"),
+         "components": {c["name"]: c["value"] for c in s.get("reward_components", [])}}
         for s in steps
     ]
     if graded is None:
@@ -394,7 +395,9 @@ def _task_result(task: Task, record: TaskRecord, graded: Any, grading: dict[str,
     )
 
 
-def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: float, interrupted: bool, backend: str) -> dict[str, Any]:
+def _summary(
+    suite: Suite, results: list[TaskResult], planned: int, wall_s: float, interrupted: bool, backend: str
+) -> dict[str, Any]:
     """The counts are disjoint: a task that ran is ``errored`` when it was not graded (its rollout
     or its grading failed: ``status`` is not ``succeeded`` and ``error`` says why), else
     ``passed`` or ``failed``; a planned task that did not run (an interrupted run) is
@@ -426,7 +429,8 @@ def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: floa
         "backend": backend,
         "score": {"graded": len(scores), "min": min(scores), "max": max(scores), "mean": statistics.fmean(scores),
                   "median": statistics.median(scores)} if scores else {},
-        "duration_ms": {"mean": statistics.fmean(durations), "median": statistics.median(durations), "max": max(durations)} if durations else {},
+        "duration_ms": {"mean": statistics.fmean(durations), "median": statistics.median(durations),
+                        "max": max(durations)} if durations else {},
         "wall_s": round(wall_s, 3),
     }
 

@@ -48,7 +48,9 @@ def _expect(condition: bool, message: str) -> None:
         raise ProviderCheckError(message)
 
 
-def _spec(tmp: Path, *, seed: bool = True, image: str = CHECK_IMAGE, settings: ContainerSettings | None = None) -> SandboxSpec:
+def _spec(
+    tmp: Path, *, seed: bool = True, image: str = CHECK_IMAGE, settings: ContainerSettings | None = None
+) -> SandboxSpec:
     seed_root = tmp / "seed"
     if seed and not seed_root.exists():
         (seed_root / "docs").mkdir(parents=True)
@@ -85,7 +87,8 @@ async def check_start_and_seed(provider: Provider, tmp: Path) -> None:
     """A started sandbox says hello with the built-in tools and holds the seed files."""
     async with _started(provider, _spec(tmp)) as runtime:
         names = {tool.name for tool in runtime.hello.tools}
-        _expect({"fs.read", "fs.write", "fs.list", "fs.delete", "shell.exec"} <= names, f"built-in tools missing: {names}")
+        _expect({"fs.read", "fs.write", "fs.list", "fs.delete", "shell.exec"} <= names,
+                f"built-in tools missing: {names}")
         _expect(sorted(runtime.hello.workspace_files) == ["docs/guide.md", "hello.txt"],
                 f"seed files: {runtime.hello.workspace_files}")
         _expect(await runtime.read_text("hello.txt") == "hello from the seed\n", "read_text of a seed file")
@@ -127,7 +130,8 @@ async def check_paths_stay_inside(provider: Provider, tmp: Path) -> None:
             ("fs.list", {"path": ".."}),
         ]:
             result = await _call_with(runtime, tool, args)
-            _expect(result.error is not None and result.error.type == "path_outside_workspace", f"{tool} {args}: {result}")
+            _expect(result.error is not None and result.error.type == "path_outside_workspace",
+                    f"{tool} {args}: {result}")
 
 
 async def check_exec_output_and_exit_code(provider: Provider, tmp: Path) -> None:
@@ -236,7 +240,8 @@ async def self_check(provider: Provider, scratch: Path) -> list[ProviderCheckOut
             await check(provider, folder)
             outcome = ProviderCheckOutcome(name=name, passed=True, duration_ms=0)
         except Exception as err:  # a check's failure is its outcome; the others still run
-            outcome = ProviderCheckOutcome(name=name, passed=False, detail=f"{type(err).__name__}: {err}", duration_ms=0)
+            outcome = ProviderCheckOutcome(name=name, passed=False, detail=f"{type(err).__name__}: {err}",
+                                           duration_ms=0)
         outcome.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         outcomes.append(outcome)
     return outcomes

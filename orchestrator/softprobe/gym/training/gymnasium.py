@@ -146,7 +146,8 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
 
     def _refused(self, message: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         error = {"type": "invalid_action", "message": message}
-        return self._encode({"observation": f"error (invalid_action): {message}", "error": error}), 0.0, False, False, {"error": error}
+        observation = self._encode({"observation": f"error (invalid_action): {message}", "error": error})
+        return observation, 0.0, False, False, {"error": error}
 
     def _encode(self, payload: dict[str, Any]) -> str:
         text = json.dumps(payload, ensure_ascii=True, default=str)
