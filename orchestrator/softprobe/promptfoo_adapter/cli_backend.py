@@ -197,7 +197,8 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
                 status="resource_exhausted" if exhausted else "runner_error",
             ) from None
         # Read both streams in their own tasks, so that what was said survives a timeout.
-        readers = asyncio.gather(process.stdout.read(), process.stderr.read())  # type: ignore[union-attr]
+        assert process.stdout is not None and process.stderr is not None  # both are PIPEs
+        readers = asyncio.gather(process.stdout.read(), process.stderr.read())
         try:
             await asyncio.wait_for(process.wait(), timeout_s)
         except asyncio.TimeoutError:

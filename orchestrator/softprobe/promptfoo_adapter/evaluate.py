@@ -105,6 +105,7 @@ def describe_runner(backend: Backend = "auto") -> RunnerDescription:
     return RunnerDescription(
         backend=backend, available=available, version=version,
         backend_versions={k: v for k, v in versions.items() if backend == "auto" or k == backend},
+        # _MAPPING_SUPPORT's keys and values are the model's Literals, typed as str; pydantic checks them.
         trajectory_assertion_mapping=dict(_MAPPING_SUPPORT[backend]),  # type: ignore[arg-type]
         native_assertion_types=types,
     )

@@ -41,6 +41,7 @@ class InvalidAssertion(Exception):
     """promptfoo would throw here: the test is graded as an ERROR (status ``invalid_input``)."""
 
     status = "invalid_input"
+    path: str | None = None  # where in the test it was raised (``assert[1].assert[0]``), once known
 
 
 class MissingEvidence(InvalidAssertion):
@@ -797,7 +798,7 @@ def _run_one(assertion: Assertion, case: EvalCase, output: str, path: str) -> Gr
     try:
         grade = HANDLERS[kind](params)
     except InvalidAssertion as err:
-        err.path = path  # type: ignore[attr-defined]
+        err.path = path
         raise
     grade["assertion"] = assertion.to_config()
     if assertion.weight == 0:
@@ -882,5 +883,5 @@ def grade_native(case: EvalCase) -> NativeGrade:
 
 
 def _at(err: InvalidAssertion, path: str) -> InvalidAssertion:
-    err.path = path  # type: ignore[attr-defined]
+    err.path = path
     return err

@@ -151,6 +151,8 @@ def build_outcome(
         links.append(TraceLink(source_trace_id=case.source_trace_id,
                                evaluator_trace_id=new_evaluator_trace_id(case.source_trace_id),
                                transform_digest=transform))
+    # backend, status and mappings arrive as str (build_outcome's callers pass them through from
+    # promptfoo and error objects); the models' Literal fields validate them at runtime (arg-type).
     envelope = FrameworkResult(
         schema=SCHEMA_ID,
         attempt_id=framework_attempt_id(case.attempt_id),

@@ -219,17 +219,18 @@ async def _checkpoints_and_forks(host: HostEnvironment, baseline: DockerBaseline
     for i in range(10):
         await host.step(episode_id="bench", action={**write, "args": {"path": f"f{i}", "content": str(i)}})
     ckpt = await host.checkpoint(episode_id="bench")
-    for name, kwargs in [
+    forks: list[tuple[str, dict[str, Any]]] = [
         ("fork, prefix re-execution N=1", dict(path="prefix_reexecution", prefix_length=1)),
         ("fork, prefix re-execution N=10", dict(path="prefix_reexecution", prefix_length=10)),
         ("fork, checkpoint import", dict(path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)),
-    ]:
+    ]
+    for name, kwargs in forks:
         times = []
         for _ in range(n["forks"]):
             assert host.pool is not None
             await host.pool.wait_ready()
             started = time.perf_counter()
-            child = await host.fork(episode_id="bench", **kwargs)  # type: ignore[arg-type]
+            child = await host.fork(episode_id="bench", **kwargs)
             times.append(time.perf_counter() - started)
             await host.destroy(episode_id=child.episode_id, cleanup=True)
         rows.append(_time_row(name, None, times, None))

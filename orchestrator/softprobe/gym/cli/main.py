@@ -9,11 +9,16 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from softprobe.gym import __version__
 from softprobe.gym.errors import GymError
 from softprobe.gym.settings import RUNTIME_ENV
 from softprobe.gym.text import terminal_safe
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without loading every subsystem
+    from softprobe.gym.evals.runner import SuiteOutcome
+    from softprobe.gym.providers.base import SweepReport
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,7 +221,7 @@ def _run_images_build(args: argparse.Namespace) -> int:
 def _run_gc(args: argparse.Namespace) -> int:
     from softprobe.gym.providers.docker.provider import DockerProvider
 
-    async def sweep() -> object:
+    async def sweep() -> SweepReport:
         provider = DockerProvider()
         try:
             return await provider.sweep(everything=args.all, dry_run=args.dry_run)
@@ -225,13 +230,13 @@ def _run_gc(args: argparse.Namespace) -> int:
 
     report = asyncio.run(sweep())
     if args.json:
-        print(report.model_dump_json(indent=2))  # type: ignore[attr-defined]
+        print(report.model_dump_json(indent=2))
         return 0
     verb = "would remove" if args.dry_run else "removed"
     print(
-        f"{verb} {len(report.removed_containers)} containers and "  # type: ignore[attr-defined]
-        f"{len(report.removed_images)} images; kept {report.kept_live_owner} of live "  # type: ignore[attr-defined]
-        f"processes and {report.kept_other_host} of other machines"  # type: ignore[attr-defined]
+        f"{verb} {len(report.removed_containers)} containers and "
+        f"{len(report.removed_images)} images; kept {report.kept_live_owner} of live "
+        f"processes and {report.kept_other_host} of other machines"
     )
     return 0
 
@@ -288,7 +293,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
 
-    async def main() -> object:
+    async def main() -> SuiteOutcome:
         loop = asyncio.get_running_loop()
 
         def interrupt() -> None:
@@ -313,12 +318,12 @@ def _run_eval(args: argparse.Namespace) -> int:
     except (GymError, PromptfooAdapterError) as err:
         print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
-    summary = outcome.summary  # type: ignore[attr-defined]
+    summary = outcome.summary
     print(
         f"{summary['passed']}/{summary['ran']} tasks passed ({summary['failed']} failed, "
         f"{summary['errored']} errors) in {summary['wall_s']:.1f} s; report: {args.out / 'report.html'}"
     )
-    if outcome.interrupted:  # type: ignore[attr-defined]
+    if outcome.interrupted:
         return 130
     return 0 if summary["passed"] == summary["planned"] else 1
 

@@ -163,7 +163,8 @@ class Suite(BaseModel):
         if folder not in sys.path:
             sys.path.insert(0, folder)
         try:
-            return getattr(importlib.import_module(module_name), function)  # type: ignore[no-any-return]
+            policy: Callable[..., Any] = getattr(importlib.import_module(module_name), function)
+            return policy
         except (ImportError, AttributeError) as err:
             raise SuiteError(f"task {task.id}: cannot load policy {task.policy!r}: {err}") from None
 

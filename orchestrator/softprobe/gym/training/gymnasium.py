@@ -80,6 +80,7 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
         self._thread = threading.Thread(target=self._loop.run_forever, name="softprobe-gymnasium", daemon=True)
         self._thread.start()
         self._host = create_host_environment(
+            # self._tmp exists exactly when run_root is None.
             run_root=run_root or self._tmp.name,  # type: ignore[union-attr]
             seed_root=seed_root,
             image=image,
