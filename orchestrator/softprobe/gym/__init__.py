@@ -5,6 +5,13 @@ The Python counterpart of ``@softprobe/gym``. Start with :func:`create_host_envi
 """
 
 from softprobe.gym.actions import TerminateAction, ToolAction, parse_action
+from softprobe.gym.episodes.check import CheckOutcome, HostCheckReport, check_host
+from softprobe.gym.episodes.config import HostConfig
+from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment, open_host
+from softprobe.gym.episodes.forking import ForkLineage, ForkResult
+from softprobe.gym.episodes.hooks import StepContext
+from softprobe.gym.episodes.host import HostEnvironment
+from softprobe.gym.episodes.protocol import Host
 from softprobe.gym.errors import (
     CapabilityError,
     CheckpointTooLargeError,
@@ -33,14 +40,6 @@ from softprobe.gym.errors import (
     UnsafeArchiveError,
     UnsupportedForkError,
 )
-from softprobe.gym.episodes.check import CheckOutcome, HostCheckReport, check_host
-from softprobe.gym.episodes.config import HostConfig
-from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment, open_host
-from softprobe.gym.episodes.forking import ForkLineage, ForkResult
-from softprobe.gym.episodes.host import HostEnvironment
-from softprobe.gym.episodes.protocol import Host
-from softprobe.gym.training.export import PromptfooInput, TrajectoryStep
-from softprobe.gym.episodes.hooks import StepContext
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.results import (
     CheckpointRecord,
@@ -53,6 +52,8 @@ from softprobe.gym.results import (
     StepResult,
     ToolInfo,
 )
+from softprobe.gym.settings import Capabilities, ContainerSettings
+from softprobe.gym.training.export import PromptfooInput, TrajectoryStep
 from softprobe.gym.training.rewards import Check, Facts, RewardContext, RewardTracker, map_reward_components
 from softprobe.gym.training.session import (
     ResetEvent,
@@ -64,7 +65,6 @@ from softprobe.gym.training.session import (
     create_training_session,
     rollout_to_promptfoo_input,
 )
-from softprobe.gym.settings import Capabilities, ContainerSettings
 from softprobe.gym.training.splits import TrainEvalSplit, assert_no_leakage, partition_train_eval
 
 __version__ = "0.1.0"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -45,7 +45,7 @@ class TerminateAction(BaseModel):
     output: str | None = None
 
 
-Action = Annotated[Union[ToolAction, TerminateAction], Field(discriminator="type")]
+Action = Annotated[ToolAction | TerminateAction, Field(discriminator="type")]
 
 _action_adapter: TypeAdapter[ToolAction | TerminateAction] = TypeAdapter(Action)
 

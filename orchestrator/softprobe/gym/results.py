@@ -81,7 +81,9 @@ class ResetResult(BaseModel):
     observation: dict[str, Any]
     diagnostics: dict[str, Any]
     tools: list[ToolInfo]
-    source_trace_id: str = Field(description="this attempt's trace id (32 hex digits), on every step and in result.json")
+    source_trace_id: str = Field(
+        description="this attempt's trace id (32 hex digits), on every step and in result.json"
+    )
     duration_ms: float
 
 

@@ -32,7 +32,15 @@ DRAFT7_IDS = frozenset({"http://json-schema.org/draft-07/schema", "http://json-s
 
 # Ajv 8's draft-07 vocabularies (core, validation, applicator, format, metadata, content) + nullable.
 KNOWN_KEYWORDS = frozenset(
-    ["$id", "$schema", "$ref", "$comment", "$defs", "definitions", "title", "description", "default", "deprecated", "readOnly", "writeOnly", "examples", "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern", "additionalItems", "items", "maxItems", "minItems", "uniqueItems", "contains", "maxProperties", "minProperties", "required", "additionalProperties", "properties", "patternProperties", "dependencies", "propertyNames", "if", "then", "else", "allOf", "anyOf", "oneOf", "not", "format", "contentMediaType", "contentEncoding", "contentSchema", "nullable"]
+    [
+        "$id", "$schema", "$ref", "$comment", "$defs", "definitions", "title", "description", "default",
+        "deprecated", "readOnly", "writeOnly", "examples", "type", "enum", "const", "multipleOf", "maximum",
+        "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern", "additionalItems",
+        "items", "maxItems", "minItems", "uniqueItems", "contains", "maxProperties", "minProperties", "required",
+        "additionalProperties", "properties", "patternProperties", "dependencies", "propertyNames", "if", "then",
+        "else", "allOf", "anyOf", "oneOf", "not", "format", "contentMediaType", "contentEncoding", "contentSchema",
+        "nullable",
+    ]
 )
 _SCHEMA_VALUED = ("additionalItems", "contains", "additionalProperties", "propertyNames", "if", "then",
                   "else", "not", "contentSchema")
@@ -227,11 +235,12 @@ def _is_integer(checker: Any, instance: Any) -> bool:
 
 _TYPES = jsonschema.Draft7Validator.TYPE_CHECKER.redefine_many({"number": _is_number, "integer": _is_integer})
 
-_AjvDraft7 = validators.extend(
+# types-jsonschema leaves validators.extend unannotated (it returns a validator class, Any here).
+_AjvDraft7 = validators.extend(  # type: ignore[no-untyped-call]
     jsonschema.Draft7Validator,
     type_checker=_TYPES,
-    validators={"pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional_properties,
-     "format": _format},
+    validators={"pattern": _pattern, "patternProperties": _pattern_properties,
+                "additionalProperties": _additional_properties, "format": _format},
 )
 
 

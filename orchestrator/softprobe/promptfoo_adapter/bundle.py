@@ -78,7 +78,8 @@ def native_row(case: EvalCase, grade: dict[str, Any] | None, error: str | None, 
         if not grade["pass"]:
             row["error"] = grade["reason"]
         row["gradingResult"] = grading
-        failure_reason, success, score, named = (0 if grade["pass"] else 1), grade["pass"], grade["score"], grading.get("namedScores", {})
+        failure_reason, success = (0 if grade["pass"] else 1), grade["pass"]
+        score, named = grade["score"], grading.get("namedScores", {})
     row.update(
         id=str(uuid.uuid4()),
         latencyMs=latency_ms,
@@ -159,7 +160,8 @@ def native_bundle(case: EvalCase, row: dict[str, Any], *, started: datetime, dur
         },
         "config": {"tags": {}, "description": "softprobe-gym grading", "prompts": [PROMPT], "providers": ["echo"],
                    "tests": [{k: v for k, v in t.items() if k not in ("vars", "options")} for t in tests],
-                   "env": {}, "sharing": False, "outputPath": [], "extensions": [], "metadata": {}, "evaluateOptions": {}},
+                   "env": {}, "sharing": False, "outputPath": [], "extensions": [], "metadata": {},
+                   "evaluateOptions": {}},
         "shareableUrl": None,
         "metadata": {"promptfooVersion": None, "nodeVersion": None, "platform": platform.system().lower(),
                      "arch": platform.machine(), "exportedAt": _iso(datetime.now(timezone.utc)),

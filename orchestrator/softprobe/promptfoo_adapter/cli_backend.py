@@ -179,8 +179,8 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
         try:
             config_path.write_text(json.dumps(build_config(cases, base=Path.cwd()), ensure_ascii=False))
         except OSError as err:
-            raise PromptfooCliError(f"cannot write the promptfoo config: {err.strerror}",
-                                    status="resource_exhausted" if err.errno in EXHAUSTED_ERRNOS else "runner_error") from None
+            status = "resource_exhausted" if err.errno in EXHAUSTED_ERRNOS else "runner_error"
+            raise PromptfooCliError(f"cannot write the promptfoo config: {err.strerror}", status=status) from None
         env = _offline_env(work / "promptfoo-home")
         args = [*command, "eval", "-c", str(config_path), "-o", str(output_path),
                 "--no-cache", "--no-progress-bar", "--no-table", "--no-share"]
@@ -197,7 +197,8 @@ async def run_cli(cases: list[EvalCase], *, timeout_s: float = DEFAULT_TIMEOUT_S
                 status="resource_exhausted" if exhausted else "runner_error",
             ) from None
         # Read both streams in their own tasks, so that what was said survives a timeout.
-        readers = asyncio.gather(process.stdout.read(), process.stderr.read())  # type: ignore[union-attr]
+        assert process.stdout is not None and process.stderr is not None  # both are PIPEs
+        readers = asyncio.gather(process.stdout.read(), process.stderr.read())
         try:
             await asyncio.wait_for(process.wait(), timeout_s)
         except asyncio.TimeoutError:

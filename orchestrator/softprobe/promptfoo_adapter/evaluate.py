@@ -94,7 +94,8 @@ def describe_runner(backend: Backend = "auto") -> RunnerDescription:
     """
     if backend not in _MAPPING_SUPPORT:
         raise ValueError(f"backend must be 'native', 'cli' or 'auto', not {backend!r}")
-    versions: dict[str, str | None] = {"native": native_version(), "cli": cli_version() if backend != "native" else None}
+    versions: dict[str, str | None] = {"native": native_version(),
+                                       "cli": cli_version() if backend != "native" else None}
     if backend == "native":
         version, available = versions["native"], True
     elif backend == "cli":
@@ -105,6 +106,7 @@ def describe_runner(backend: Backend = "auto") -> RunnerDescription:
     return RunnerDescription(
         backend=backend, available=available, version=version,
         backend_versions={k: v for k, v in versions.items() if backend == "auto" or k == backend},
+        # _MAPPING_SUPPORT's keys and values are the model's Literals, typed as str; pydantic checks them.
         trajectory_assertion_mapping=dict(_MAPPING_SUPPORT[backend]),  # type: ignore[arg-type]
         native_assertion_types=types,
     )
@@ -258,7 +260,8 @@ async def grade_cases(
         except UnsupportedAssertionError as err:
             outcomes[i] = build_outcome(case, backend="cli" if backend == "cli" else "native", version=None,
                                         bundle=None, row=None, status="unsupported", status_reason=str(err),
-                                        errored_path=path_of_type(case, err.assertion_type), requested_mappings=mappings)
+                                        errored_path=path_of_type(case, err.assertion_type),
+                                        requested_mappings=mappings)
             continue
         (cli_indices if chosen == "cli" else native_indices).append(i)
 
@@ -291,7 +294,7 @@ async def grade_cases(
                                             status=err.status, status_reason=str(err), requested_mappings=mappings)
             return
         version = (report.get("metadata") or {}).get("promptfooVersion")
-        for k, (i, row) in enumerate(zip(indices, rows)):
+        for k, (i, row) in enumerate(zip(indices, rows, strict=True)):
             bundle = report if len(batch) == 1 else slice_bundle(report, k, row)
             if row.get("failureReason") == 2:
                 message = str(row.get("error") or "error").splitlines()[0]
@@ -362,18 +365,20 @@ async def execute_promptfoo_eval(
         UnsupportedMappingError: a requested mapping is not supported; nothing ran.
         pydantic.ValidationError: an assertion has no ``type`` (or another malformed argument).
     """
-    case = EvalCase(
-        attempt_id=attempt_id,
-        final_output=final_output,
-        trajectory_digest=trajectory_digest,
-        source_trace_id=source_trace_id,
-        assertions=[a if isinstance(a, Assertion) else Assertion.model_validate(a) for a in assertions],
-        threshold=threshold,
-        steps=steps,
-        latency_ms=latency_ms,
-        cost=cost,
-        subject_failure=subject_failure,
-    )
+    # model_validate, as the constructor does with its keywords: steps and subject_failure may be
+    # dicts (or step-like objects) that validation turns into models.
+    case = EvalCase.model_validate({
+        "attempt_id": attempt_id,
+        "final_output": final_output,
+        "trajectory_digest": trajectory_digest,
+        "source_trace_id": source_trace_id,
+        "assertions": [a if isinstance(a, Assertion) else Assertion.model_validate(a) for a in assertions],
+        "threshold": threshold,
+        "steps": steps,
+        "latency_ms": latency_ms,
+        "cost": cost,
+        "subject_failure": subject_failure,
+    })
     (outcome,) = await grade_cases([case], backend=backend, requested_mappings=requested_mappings,
                                    cli_timeout_s=cli_timeout_s)
     return outcome

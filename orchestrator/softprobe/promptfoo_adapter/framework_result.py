@@ -17,13 +17,13 @@ import hashlib
 import json
 from functools import lru_cache
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from .errors import InvalidFrameworkResultError
 
-SCHEMA_ID = "softprobe.framework-result/v1"
+SCHEMA_ID: Final = "softprobe.framework-result/v1"
 SCHEMA_FILE = "framework-result.v1.schema.json"
 
 ResultStatus = Literal[
@@ -50,11 +50,11 @@ ResultStatus = Literal[
 - ``runner_error``: the grader itself failed (the CLI is missing, crashed or wrote no results).
 - ``subject_error``: the rollout being graded broke (its episode failed), so nothing was graded.
 """
-RESULT_STATUSES: tuple[str, ...] = ResultStatus.__args__  # type: ignore[attr-defined]
+RESULT_STATUSES: tuple[str, ...] = get_args(ResultStatus)
 
 Outcome = Literal["passed", "failed", "errored", "skipped"]
 Mapping = Literal["final_output_assertions", "trajectory_step_assertions", "historic_otlp_as_eval"]
-MAPPINGS: tuple[str, ...] = Mapping.__args__  # type: ignore[attr-defined]
+MAPPINGS: tuple[str, ...] = get_args(Mapping)
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
 TraceId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]

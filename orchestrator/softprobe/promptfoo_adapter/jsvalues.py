@@ -32,7 +32,9 @@ def js_number(value: float | int) -> str:
     digits_tuple = Decimal(repr(abs(x))).normalize().as_tuple()
     digits = "".join(str(d) for d in digits_tuple.digits)
     k = len(digits)
-    n = digits_tuple.exponent + k  # the position of the decimal point
+    exponent = digits_tuple.exponent
+    assert isinstance(exponent, int)  # x is finite: never the 'n'/'N'/'F' of NaN and Infinity
+    n = exponent + k  # the position of the decimal point
     if k <= n <= 21:
         return sign + digits + "0" * (n - k)
     if 0 < n <= 21:
@@ -72,7 +74,11 @@ def json_stringify(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(json_stringify(item) for item in value) + "]"
     if isinstance(value, dict):
-        return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{json_stringify(v)}" for k, v in value.items()) + "}"
+        return (
+            "{"
+            + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{json_stringify(v)}" for k, v in value.items())
+            + "}"
+        )
     return json.dumps(str(value))
 
 
@@ -159,7 +165,7 @@ def deep_strict_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(deep_strict_equal(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(deep_strict_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(deep_strict_equal(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
 
 

@@ -41,6 +41,7 @@ class InvalidAssertion(Exception):
     """promptfoo would throw here: the test is graded as an ERROR (status ``invalid_input``)."""
 
     status = "invalid_input"
+    path: str | None = None  # where in the test it was raised (``assert[1].assert[0]``), once known
 
 
 class MissingEvidence(InvalidAssertion):
@@ -104,7 +105,8 @@ def _list_value(p: _Params) -> list[Any]:
             value = split_comma_values(value)
         except ValueError as err:
             raise InvalidAssertion(str(err)) from None
-    _require(isinstance(value, list), f'"{p.base_type}" assertion type must have an array value')
+    if not isinstance(value, list):
+        raise InvalidAssertion(f'"{p.base_type}" assertion type must have an array value')
     return value
 
 
@@ -116,7 +118,7 @@ def _contains_any_all(p: _Params) -> Grade:
     if p.base_type.endswith("-any"):
         passed = any(present) != p.inverse
         return _result(p, passed, f'Expected output to {_not(p)}contain one of "{", ".join(items)}"')
-    missing = [v for v, ok in zip(items, present) if not ok]
+    missing = [v for v, ok in zip(items, present, strict=True) if not ok]
     passed = (not missing) != p.inverse
     return _result(
         p, passed, f"Expected output to {_not(p)}contain all of [{', '.join(items)}]. Missing: [{', '.join(missing)}]"
@@ -348,7 +350,8 @@ def _bleu(p: _Params) -> Grade:
     return {
         "pass": passed,
         "score": 1 - score if p.inverse else score,
-        "reason": "Assertion passed" if passed else f"BLEU score {score:.4f} is {comparison} than threshold {js_number(threshold)}",
+        "reason": "Assertion passed" if passed
+                  else f"BLEU score {score:.4f} is {comparison} than threshold {js_number(threshold)}",
     }
 
 
@@ -363,7 +366,8 @@ def _measured(p: _Params, value: float | None, what: str, field: str, shown: str
         raise MissingEvidence(f"{what} assertion needs the rollout's {field}")
     passed = (value <= p.assertion.threshold) != p.inverse
     comparison = "less than or equal to" if p.inverse else "greater than"
-    return _result(p, passed, f"{what} {shown}{unit} is {comparison} threshold {js_number(p.assertion.threshold)}{unit}")
+    threshold = js_number(p.assertion.threshold)
+    return _result(p, passed, f"{what} {shown}{unit} is {comparison} threshold {threshold}{unit}")
 
 
 def _latency(p: _Params) -> Grade:
@@ -438,7 +442,10 @@ def _normalize_script_result(p: _Params, result: Any) -> Grade:
         except ValueError as err:
             raise python_runner.ScriptError(f"Invalid JSON: {err} when parsing result: {result}") from None
         if not isinstance(parsed, dict):
-            raise python_runner.ScriptError(f"Python assertion must return a boolean, number, or {{pass, score, reason}} object. Got instead: {result}")
+            raise python_runner.ScriptError(
+                "Python assertion must return a boolean, number, or {pass, score, reason} object. "
+                f"Got instead: {result}"
+            )
         return _script_object(p, parsed)
     if isinstance(result, dict):
         return _script_object(p, result)
@@ -447,10 +454,12 @@ def _normalize_script_result(p: _Params, result: Any) -> Grade:
         raise python_runner.ScriptError(
             f"Python assertion must return a boolean, number, or {{pass, score, reason}} object. Got instead:\n{shown}"
         )
-    score = result if isinstance(result, (int, float)) and not isinstance(result, bool) else js_parse_float(js_string(result))
+    is_number = isinstance(result, (int, float)) and not isinstance(result, bool)
+    score = result if is_number else js_parse_float(js_string(result))
     if math.isnan(score):
         raise python_runner.ScriptError(
-            f"Python assertion must return a boolean, number, or {{pass, score, reason}} object. Instead got:\n{js_string(result)}"
+            "Python assertion must return a boolean, number, or {pass, score, reason} object. "
+            f"Instead got:\n{js_string(result)}"
         )
     return _script_value(p, float(score))
 
@@ -460,7 +469,8 @@ def _script_value(p: _Params, result: bool | float) -> Grade:
     if isinstance(result, bool):
         passed = result != p.inverse
         return {"pass": passed, "score": 1.0 if passed else 0.0,
-                "reason": "Assertion passed" if passed else f"Python code returned {'true' if result else 'false'}{suffix}"}
+                "reason": "Assertion passed" if passed
+                          else f"Python code returned {'true' if result else 'false'}{suffix}"}
     threshold = p.assertion.threshold
     raw = result > 0 if threshold is None else result >= threshold
     passed = raw != p.inverse
@@ -484,7 +494,10 @@ def _script_object(p: _Params, obj: dict[str, Any]) -> Grade:
         message = f"Python score {js_number(grade['score'])} is less than threshold {js_number(threshold)}"
         grade["reason"] = f"{message}: {grade['reason']}" if grade["reason"] else message
     passed = grade["pass"] != p.inverse
-    reason = grade["reason"] if passed == grade["pass"] else ("Assertion passed" if passed else f"Python code returned {'true' if grade['pass'] else 'false'}")
+    if passed == grade["pass"]:
+        reason = grade["reason"]
+    else:
+        reason = "Assertion passed" if passed else f"Python code returned {'true' if grade['pass'] else 'false'}"
     if isinstance(obj.get("namedScores"), dict):
         grade["namedScores"] = obj["namedScores"]
     return dict(grade, **{"pass": passed, "reason": reason})
@@ -549,9 +562,11 @@ def _tool_used(p: _Params) -> Grade:
     if not isinstance(value, dict):
         raise InvalidAssertion("trajectory:tool-used assertion must have a string, string array, or object value")
     matcher = _matcher(value)
-    _require(matcher.get("pattern") or matcher.get("name"), "trajectory:tool-used assertion object must include a name or pattern property")
-    low = value.get("min") if isinstance(value.get("min"), (int, float)) else 1
-    high = value.get("max") if isinstance(value.get("max"), (int, float)) else None
+    _require(matcher.get("pattern") or matcher.get("name"),
+             "trajectory:tool-used assertion object must include a name or pattern property")
+    given_min, given_max = value.get("min"), value.get("max")
+    low = given_min if isinstance(given_min, (int, float)) else 1
+    high = given_max if isinstance(given_max, (int, float)) else None
     count = sum(_matches(s, matcher) for s in tools)
     base = count >= low and (high is None or count <= high)
     passed = base != p.inverse
@@ -570,12 +585,13 @@ def _tool_sequence(p: _Params) -> Grade:
         raise InvalidAssertion("trajectory:tool-sequence assertion must have an array or object value")
     matchers = [_matcher(s) for s in steps]
     for i, m in enumerate(matchers):
-        _require(m.get("pattern") or m.get("name"), f"trajectory:tool-sequence assertion step {i + 1} must include a name or pattern property")
+        _require(m.get("pattern") or m.get("name"),
+                 f"trajectory:tool-sequence assertion step {i + 1} must include a name or pattern property")
     _require(matchers, "trajectory:tool-sequence assertion requires at least one expected step")
     tools = [s for s in _steps(p) if s[0] == "tool"]
     actual = ", ".join(f"tool:{s[1]}" for s in tools) or "(none)"
     if mode == "exact":
-        base = len(tools) == len(matchers) and all(_matches(t, m) for t, m in zip(tools, matchers))
+        base = len(tools) == len(matchers) and all(_matches(t, m) for t, m in zip(tools, matchers, strict=True))
     else:
         at = 0
         for step in tools:
@@ -584,7 +600,8 @@ def _tool_sequence(p: _Params) -> Grade:
         base = at == len(matchers)
     passed = base != p.inverse
     return {"pass": passed, "score": 1.0 if passed else 0.0,
-            "reason": f"{'Observed' if base else 'Did not observe'} tool sequence {', '.join(map(_label, matchers))}. Actual tools: {actual}"}
+            "reason": f"{'Observed' if base else 'Did not observe'} tool sequence "
+                      f"{', '.join(map(_label, matchers))}. Actual tools: {actual}"}
 
 
 def _args_match(actual: Any, expected: Any, mode: str) -> bool:
@@ -592,10 +609,12 @@ def _args_match(actual: Any, expected: Any, mode: str) -> bool:
         return deep_strict_equal(actual, expected)
     if isinstance(expected, list):
         return isinstance(actual, list) and len(actual) == len(expected) and all(
-            _args_match(a, e, mode) for a, e in zip(actual, expected)
+            _args_match(a, e, mode) for a, e in zip(actual, expected, strict=True)
         )
     if isinstance(expected, dict):
-        return isinstance(actual, dict) and all(k in actual and _args_match(actual[k], v, mode) for k, v in expected.items())
+        return isinstance(actual, dict) and all(
+            k in actual and _args_match(actual[k], v, mode) for k, v in expected.items()
+        )
     return deep_strict_equal(actual, expected)
 
 
@@ -603,7 +622,8 @@ def _tool_args_match(p: _Params) -> Grade:
     value = p.value
     _require(isinstance(value, dict), "trajectory:tool-args-match assertion must have an object value")
     matcher = _matcher(value)
-    _require(matcher.get("pattern") or matcher.get("name"), "trajectory:tool-args-match assertion object must include a name or pattern property")
+    _require(matcher.get("pattern") or matcher.get("name"),
+             "trajectory:tool-args-match assertion object must include a name or pattern property")
     expected = value.get("args", value.get("arguments"))
     _require(expected is not None or "args" in value or "arguments" in value,
              "trajectory:tool-args-match assertion must include an args or arguments property")
@@ -616,7 +636,8 @@ def _tool_args_match(p: _Params) -> Grade:
     def clean(args: Any, strip_defaults: bool) -> Any:
         if not isinstance(args, dict):
             return args
-        kept = {k: v for k, v in args.items() if not any(k == i or fnmatch.fnmatchcase(k.lower(), i.lower()) for i in ignore)}
+        kept = {k: v for k, v in args.items()
+                if not any(k == i or fnmatch.fnmatchcase(k.lower(), i.lower()) for i in ignore)}
         if strip_defaults:
             kept = {k: v for k, v in kept.items() if not (k in defaults and deep_strict_equal(v, defaults[k]))}
         return kept
@@ -625,7 +646,8 @@ def _tool_args_match(p: _Params) -> Grade:
     hit = any(_args_match(clean(s[2], True), clean(expected, False), mode) for s in candidates)
     passed = hit != p.inverse
     return {"pass": passed, "score": 1.0 if passed else 0.0,
-            "reason": f'{"Found" if hit else "No"} call of "{_label(matcher)}" with matching arguments ({len(candidates)} call(s) of it)'}
+            "reason": f'{"Found" if hit else "No"} call of "{_label(matcher)}" with matching arguments '
+                      f"({len(candidates)} call(s) of it)"}
 
 
 def _step_count(p: _Params) -> Grade:
@@ -684,7 +706,10 @@ def native_problem(assertion: Assertion) -> str | None:
     if assertion.transform:
         return f"{kind} with a transform"
     value = assertion.value
-    strings = [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+    if isinstance(value, str):
+        strings = [value]
+    else:
+        strings = [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
     if kind != "python" and any(s.startswith("file://") for s in strings):
         return f"{kind} with a file:// value"
     return None
@@ -736,7 +761,8 @@ class _Aggregate:
         reason = self.failed_reason or "All assertions passed"
         if self.threshold is not None and not math.isnan(self.threshold):
             passed = score >= self.threshold
-            reason = f"Aggregate score {_to_fixed2(score)} {'≥' if passed else '<'} {js_number(self.threshold)} threshold"
+            reason = (f"Aggregate score {_to_fixed2(score)} {'≥' if passed else '<'} "
+                      f"{js_number(self.threshold)} threshold")
         flattened: list[Grade] = []
         for index in sorted(self.components):
             component = self.components[index]
@@ -744,7 +770,8 @@ class _Aggregate:
             for child in component.get("componentResults", []):
                 flattened.append(dict(child, assertion=child.get("assertion") or component.get("assertion")))
         named = {k: (v / self.named_weights[k] if self.named_weights.get(k) else 0.0) for k, v in self.named.items()}
-        out: Grade = {"pass": passed, "score": score, "reason": reason, "namedScores": named, "componentResults": flattened}
+        out: Grade = {"pass": passed, "score": score, "reason": reason, "namedScores": named,
+                      "componentResults": flattened}
         if self.named_weights:
             out["namedScoreWeights"] = dict(self.named_weights)
         return out
@@ -771,7 +798,7 @@ def _run_one(assertion: Assertion, case: EvalCase, output: str, path: str) -> Gr
     try:
         grade = HANDLERS[kind](params)
     except InvalidAssertion as err:
-        err.path = path  # type: ignore[attr-defined]
+        err.path = path
         raise
     grade["assertion"] = assertion.to_config()
     if assertion.weight == 0:
@@ -824,7 +851,8 @@ def grade_native(case: EvalCase) -> NativeGrade:
         return NativeGrade(None, error=f"promptfoo rejects the config: {problem} (it dereferences $refs against "
                            "the whole config)", status="invalid_input", errored_path=path)
     if not case.assertions:
-        return NativeGrade({"pass": True, "score": 1.0, "reason": "No assertions", "namedScores": {}, "componentResults": []})
+        return NativeGrade({"pass": True, "score": 1.0, "reason": "No assertions", "namedScores": {},
+                            "componentResults": []})
     try:
         main = _Aggregate(case.threshold)
         sets: list[tuple[int, Assertion, _Aggregate]] = []
@@ -836,11 +864,14 @@ def grade_native(case: EvalCase) -> NativeGrade:
                 inner = _Aggregate(assertion.threshold)
                 for j, child in enumerate(children):
                     if child.type == "assert-set":
-                        raise _at(InvalidAssertion("assert-set cannot contain another assert-set"), f"assert[{index}].assert[{j}]")
-                    inner.add(j, _run_one(child, case, output, f"assert[{index}].assert[{j}]"), child.metric, child.weight)
+                        raise _at(InvalidAssertion("assert-set cannot contain another assert-set"),
+                                  f"assert[{index}].assert[{j}]")
+                    inner.add(j, _run_one(child, case, output, f"assert[{index}].assert[{j}]"),
+                              child.metric, child.weight)
                 sets.append((index, assertion, inner))
             else:
-                main.add(index, _run_one(assertion, case, output, f"assert[{index}]"), assertion.metric, assertion.weight)
+                main.add(index, _run_one(assertion, case, output, f"assert[{index}]"),
+                         assertion.metric, assertion.weight)
         for index, assertion, inner in sets:
             set_result = inner.result()
             set_result["assertion"] = assertion.to_config()
@@ -852,5 +883,5 @@ def grade_native(case: EvalCase) -> NativeGrade:
 
 
 def _at(err: InvalidAssertion, path: str) -> InvalidAssertion:
-    err.path = path  # type: ignore[attr-defined]
+    err.path = path
     return err

@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Iterable
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any
 
 from .framework_result import (
     SCHEMA_ID,
@@ -107,17 +108,19 @@ def build_outcome(
         assert row is not None
         grading = row.get("gradingResult") or {}
         components = grading.get("componentResults") or []
+        pairs: list[tuple[str, str | None, str | None, dict[str, Any]]]
         if len(components) == len(paths):
-            pairs = [(path, a.type, a.metric, c) for (path, a), c in zip(paths, components)]
+            pairs = [(path, a.type, a.metric, c) for (path, a), c in zip(paths, components, strict=True)]
         else:  # not the shape we expect: keep promptfoo's order, say what each one was
-            pairs = [(f"component[{k}]", (c.get("assertion") or {}).get("type"), (c.get("assertion") or {}).get("metric"), c)
-                     for k, c in enumerate(components)]
+            pairs = [(f"component[{k}]", (c.get("assertion") or {}).get("type"),
+                      (c.get("assertion") or {}).get("metric"), c) for k, c in enumerate(components)]
         for path, kind, metric, component in pairs:
             findings.append(Finding(kind="assertion", path=path, assertion_type=kind, metric=metric,
                                     outcome="passed" if component.get("pass") else "failed",
                                     score=_float(component.get("score")), reason=str(component.get("reason") or "")))
         passed = bool(row.get("success"))
-        findings.append(Finding(kind="overall", path="test", assertion_type=None, outcome="passed" if passed else "failed",
+        findings.append(Finding(kind="overall", path="test", assertion_type=None,
+                                outcome="passed" if passed else "failed",
                                 score=_float(row.get("score", grading.get("score"))),
                                 reason=str(grading.get("reason") or row.get("error") or "")))
         named = {k: _float(v) for k, v in (row.get("namedScores") or {}).items()}
@@ -125,12 +128,14 @@ def build_outcome(
         reason = status_reason or status
         for path, assertion in paths:
             if path == errored_path:
-                findings.append(Finding(kind="assertion", path=path, assertion_type=assertion.type, metric=assertion.metric,
-                                        outcome="errored", score=None, reason=reason))
+                findings.append(Finding(kind="assertion", path=path, assertion_type=assertion.type,
+                                        metric=assertion.metric, outcome="errored", score=None, reason=reason))
             else:
-                findings.append(Finding(kind="assertion", path=path, assertion_type=assertion.type, metric=assertion.metric,
-                                        outcome="skipped", score=None, reason=f"not graded: the attempt ended in {status}"))
-        findings.append(Finding(kind="overall", path="test", assertion_type=None, outcome="errored", score=None, reason=reason))
+                findings.append(Finding(kind="assertion", path=path, assertion_type=assertion.type,
+                                        metric=assertion.metric, outcome="skipped", score=None,
+                                        reason=f"not graded: the attempt ended in {status}"))
+        findings.append(Finding(kind="overall", path="test", assertion_type=None, outcome="errored", score=None,
+                                reason=reason))
     mappings = mappings_of(case, requested_mappings)
     assertions_digest = sha256_json({"assert": [a.to_config() for a in case.assertions], "threshold": case.threshold})
     digests = Digests(
@@ -146,6 +151,8 @@ def build_outcome(
         links.append(TraceLink(source_trace_id=case.source_trace_id,
                                evaluator_trace_id=new_evaluator_trace_id(case.source_trace_id),
                                transform_digest=transform))
+    # backend, status and mappings arrive as str (build_outcome's callers pass them through from
+    # promptfoo and error objects); the models' Literal fields validate them at runtime (arg-type).
     envelope = FrameworkResult(
         schema=SCHEMA_ID,
         attempt_id=framework_attempt_id(case.attempt_id),

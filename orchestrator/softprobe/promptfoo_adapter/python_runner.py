@@ -65,7 +65,9 @@ def run_file(reference: str, args: list[Any]) -> Any:
     resolved = Path(path).expanduser().resolve()
     if not resolved.is_file():
         raise ScriptError(f"file not found: {resolved}")
-    return _run({"path": str(resolved), "dir": str(resolved.parent), "function": function or "get_assert", "args": args})
+    return _run(
+        {"path": str(resolved), "dir": str(resolved.parent), "function": function or "get_assert", "args": args}
+    )
 
 
 def _run(request: dict[str, Any]) -> Any:
@@ -85,7 +87,7 @@ def _run(request: dict[str, Any]) -> Any:
     marker = done.stdout.rfind("\x00RESULT")
     if marker < 0:
         raise ScriptError(f"python exited with code {done.returncode}: {done.stderr.strip()[-500:]}")
-    text = done.stdout[marker + len("\x00RESULT"):]
+    text = done.stdout[marker + len("\x00RESULT") :]
     try:  # promptfoo reads the result with JSON.parse: NaN and Infinity are not JSON there
         answer = json_parse(text)
     except ValueError as err:

@@ -18,11 +18,13 @@ Ratios, not absolute times, are what carry from one machine to another.
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import BaseModel
 
@@ -34,6 +36,10 @@ from softprobe.gym.providers.docker.baseline import DockerBaseline
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.settings import RUNTIME_ENV, ContainerSettings
 from softprobe.gym.shim.runtime import Runtime
+
+if TYPE_CHECKING:
+    from softprobe.gym.training.rewards import RewardContext
+    from softprobe.gym.training.session import TrainingSession
 
 
 class BenchRow(BaseModel):
@@ -100,9 +106,19 @@ READ = {"type": "tool", "name": "fs.read", "args": {"path": "small.txt"}}
 TRUE = {"type": "tool", "name": "shell.exec", "args": {"command": "true"}}
 
 
+class _Sizes(TypedDict):
+    """How much each measurement does (``--quick`` or not)."""
+
+    steps: int
+    execs: int
+    resets: int
+    forks: int
+    concurrency: tuple[int, ...]  # episodes stepping at once, one row each
+
+
 async def run_bench(*, image: str, quick: bool = False, log: Callable[[str], None] = lambda _: None) -> BenchReport:
     """Run every measurement; leaves no container, image or folder behind."""
-    n = {"steps": 200, "execs": 20, "resets": 6, "forks": 3, "concurrency": (1, 8)} if quick else {
+    n: _Sizes = {"steps": 200, "execs": 20, "resets": 6, "forks": 3, "concurrency": (1, 8)} if quick else {
         "steps": 1000, "execs": 100, "resets": 25, "forks": 5, "concurrency": (1, 8, 32, 64)}
     rows: list[BenchRow] = []
     with tempfile.TemporaryDirectory(prefix="softprobe-bench-") as tmp:
@@ -136,7 +152,7 @@ def _sandbox(host: HostEnvironment, episode_id: str) -> Runtime:
     return runtime
 
 
-async def _steps(host: HostEnvironment, baseline: DockerBaseline, n: dict[str, Any]) -> list[BenchRow]:
+async def _steps(host: HostEnvironment, baseline: DockerBaseline, n: _Sizes) -> list[BenchRow]:
     await host.create_episode(episode_id="bench")
     await host.reset(episode_id="bench")
     container = _sandbox(host, "bench").sandbox_id
@@ -163,7 +179,7 @@ async def _steps(host: HostEnvironment, baseline: DockerBaseline, n: dict[str, A
     return rows
 
 
-async def _resets(host: HostEnvironment, baseline: DockerBaseline, seed: Path, n: dict[str, Any]) -> list[BenchRow]:
+async def _resets(host: HostEnvironment, baseline: DockerBaseline, seed: Path, n: _Sizes) -> list[BenchRow]:
     image_id = _sandbox(host, "bench").image_id
     archive = build_seed_archive(seed, uid=1000, gid=1000)
     settings = host.config.container
@@ -189,7 +205,7 @@ async def _resets(host: HostEnvironment, baseline: DockerBaseline, seed: Path, n
     return rows
 
 
-async def _checkpoints_and_forks(host: HostEnvironment, baseline: DockerBaseline, n: dict[str, Any]) -> list[BenchRow]:
+async def _checkpoints_and_forks(host: HostEnvironment, baseline: DockerBaseline, n: _Sizes) -> list[BenchRow]:
     write = {"type": "tool", "name": "fs.write", "args": {"path": "n.txt", "content": "1"}}
     await host.step(episode_id="bench", action=write)
     ours, raw = [], []
@@ -203,17 +219,18 @@ async def _checkpoints_and_forks(host: HostEnvironment, baseline: DockerBaseline
     for i in range(10):
         await host.step(episode_id="bench", action={**write, "args": {"path": f"f{i}", "content": str(i)}})
     ckpt = await host.checkpoint(episode_id="bench")
-    for name, kwargs in [
+    forks: list[tuple[str, dict[str, Any]]] = [
         ("fork, prefix re-execution N=1", dict(path="prefix_reexecution", prefix_length=1)),
         ("fork, prefix re-execution N=10", dict(path="prefix_reexecution", prefix_length=10)),
         ("fork, checkpoint import", dict(path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)),
-    ]:
+    ]
+    for name, kwargs in forks:
         times = []
         for _ in range(n["forks"]):
             assert host.pool is not None
             await host.pool.wait_ready()
             started = time.perf_counter()
-            child = await host.fork(episode_id="bench", **kwargs)  # type: ignore[arg-type]
+            child = await host.fork(episode_id="bench", **kwargs)
             times.append(time.perf_counter() - started)
             await host.destroy(episode_id=child.episode_id, cleanup=True)
         rows.append(_time_row(name, None, times, None))
@@ -221,35 +238,36 @@ async def _checkpoints_and_forks(host: HostEnvironment, baseline: DockerBaseline
 
 
 async def _concurrency(image: str, tmp: Path, seed: Path, ks: tuple[int, ...], quick: bool) -> list[BenchRow]:
-    rows = []
     steps_each = 100 if quick else 200
-    for k in ks:
-        async with create_host_environment(run_root=tmp / f"k{k}", seed_root=seed, image=image) as host:
-            names = [f"k{k}-{i}" for i in range(k)]
-            await asyncio.gather(*(host.create_episode(episode_id=name) for name in names))
-            await asyncio.gather(*(host.reset(episode_id=name) for name in names))
-            latencies: list[float] = []
+    return [await _concurrency_row(image, tmp, seed, k, steps_each) for k in ks]
 
-            async def ours(name: str) -> None:
-                for _ in range(steps_each):
-                    latencies.append(await _timed(lambda: host.step(episode_id=name, action=READ)))
 
-            async def floor(name: str) -> None:
-                shim = _sandbox(host, name)
-                for _ in range(steps_each):
-                    await shim.exists("small.txt")
+async def _concurrency_row(image: str, tmp: Path, seed: Path, k: int, steps_each: int) -> BenchRow:
+    async with create_host_environment(run_root=tmp / f"k{k}", seed_root=seed, image=image) as host:
+        names = [f"k{k}-{i}" for i in range(k)]
+        await asyncio.gather(*(host.create_episode(episode_id=name) for name in names))
+        await asyncio.gather(*(host.reset(episode_id=name) for name in names))
+        latencies: list[float] = []
 
-            wall = await _timed(lambda: asyncio.gather(*(ours(name) for name in names)))
-            raw_wall = await _timed(lambda: asyncio.gather(*(floor(name) for name in names)))
-            total = k * steps_each
-            ours_rate, raw_rate = total / wall, total / raw_wall
-            rows.append(BenchRow(
-                name=f"{k} episodes stepping at once", unit="steps/s", ours_p50=round(ours_rate),
-                ours_p99=round(_p(latencies, 0.99) * 1000, 3), baseline="bare shim round trips, same containers",
-                baseline_p50=round(raw_rate), ratio=round(ours_rate / raw_rate, 2),
-                ratio_meaning="ours/baseline rate (p99 column: our step latency in ms)", samples=total,
-            ))
-    return rows
+        async def ours(name: str) -> None:
+            for _ in range(steps_each):
+                latencies.append(await _timed(lambda: host.step(episode_id=name, action=READ)))
+
+        async def floor(name: str) -> None:
+            shim = _sandbox(host, name)
+            for _ in range(steps_each):
+                await shim.exists("small.txt")
+
+        wall = await _timed(lambda: asyncio.gather(*(ours(name) for name in names)))
+        raw_wall = await _timed(lambda: asyncio.gather(*(floor(name) for name in names)))
+        total = k * steps_each
+        ours_rate, raw_rate = total / wall, total / raw_wall
+        return BenchRow(
+            name=f"{k} episodes stepping at once", unit="steps/s", ours_p50=round(ours_rate),
+            ours_p99=round(_p(latencies, 0.99) * 1000, 3), baseline="bare shim round trips, same containers",
+            baseline_p50=round(raw_rate), ratio=round(ours_rate / raw_rate, 2),
+            ratio_meaning="ours/baseline rate (p99 column: our step latency in ms)", samples=total,
+        )
 
 
 async def _large_workspace(image: str, tmp: Path) -> list[BenchRow]:
@@ -268,12 +286,16 @@ async def _large_workspace(image: str, tmp: Path) -> list[BenchRow]:
             await host.reset(episode_id="ws")
             for _ in range(3):
                 await host.step(episode_id="ws", action=action)
-            results[label] = [await _timed(lambda: host.step(episode_id="ws", action=action)) for _ in range(30)]
+            results[label] = await _step_times(host, action, 30)
     row = _time_row("step after a 1-file change, 10,000-file workspace", "same step, empty workspace",
                     results["big"], results["empty"])
     row.ratio = round(statistics.median(results["big"]) / statistics.median(results["empty"]), 2)
     row.ratio_meaning = "ours/baseline: the cost of workspace size (target <= 3)"
     return [row]
+
+
+async def _step_times(host: HostEnvironment, action: dict[str, Any], n: int) -> list[float]:
+    return [await _timed(lambda: host.step(episode_id="ws", action=action)) for _ in range(n)]
 
 
 def _rss_kib() -> int:
@@ -305,7 +327,8 @@ async def _memory_and_rollout(image: str, tmp: Path, seed: Path) -> list[BenchRo
         per_container = [await baseline.memory_mb(_sandbox(host, name).sandbox_id) for name in names]
         total = statistics.median(per_container) + host_share
         rows.append(BenchRow(name=f"memory of an idle episode (median of {k})", unit="MB", ours_p50=round(total, 2),
-                             baseline="container working set + host share", baseline_p50=round(statistics.median(per_container), 2),
+                             baseline="container working set + host share",
+                             baseline_p50=round(statistics.median(per_container), 2),
                              ratio=round(host_share, 2), ratio_meaning="host share of the total (MB)", samples=k))
     if image.endswith("support-desk:latest"):
         async def has_note(ctx: Any) -> dict[str, Any]:
@@ -314,21 +337,28 @@ async def _memory_and_rollout(image: str, tmp: Path, seed: Path) -> list[BenchRo
         times = []
         async with create_host_environment(run_root=tmp / "rollout", image=image, on_step=has_note) as host:
             for i in range(5):
-                session = create_training_session(host, episode_id=f"r{i}", reward_from=lambda ctx: {
-                    "checks": [{"name": "note_written", "passed": bool(ctx.step_result.diagnostics.get("workspace_had_note"))}]})
-
-                async def rollout() -> None:
-                    async for _ in session.rollout([
-                        {"type": "tool", "name": "crm.get_account", "args": {"id": "A-42"}},
-                        {"type": "tool", "name": "fs.write", "args": {"path": "refund-note.md"}},
-                        {"type": "terminate"},
-                    ]):
-                        pass
-                    await session.finalize()
-
-                times.append(await _timed(rollout))
+                session = create_training_session(host, episode_id=f"r{i}", reward_from=_note_reward)
+                times.append(await _timed(functools.partial(_rollout, session)))
         rows.append(_time_row("support-desk training rollout + finalize", None, times, None))
     return rows
+
+
+def _note_reward(ctx: RewardContext) -> dict[str, Any]:
+    return {"checks": [{"name": "note_written", "passed": bool(ctx.step_result.diagnostics.get("workspace_had_note"))}]}
+
+
+async def _rollout(session: TrainingSession) -> None:
+    async for _ in session.rollout([
+        {"type": "tool", "name": "crm.get_account", "args": {"id": "A-42"}},
+        {"type": "tool", "name": "fs.write", "args": {"path": "refund-note.md"}},
+        {"type": "terminate"},
+    ]):
+        pass
+    await session.finalize()
+
+
+def _prefixed(log: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda line: log(prefix + line)
 
 
 def format_report(report: BenchReport) -> str:
@@ -393,7 +423,7 @@ def main_bench(*, image: str, quick: bool, as_json: bool, runtimes: list[str] | 
     try:
         for runtime in runtimes:
             os.environ[RUNTIME_ENV] = runtime  # every host the bench makes defaults to it
-            reports[runtime] = asyncio.run(run_bench(image=image, quick=quick, log=lambda s, r=runtime: log(f"{r}: {s}")))
+            reports[runtime] = asyncio.run(run_bench(image=image, quick=quick, log=_prefixed(log, f"{runtime}: ")))
     finally:
         if saved is None:
             os.environ.pop(RUNTIME_ENV, None)

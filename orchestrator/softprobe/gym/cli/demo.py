@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.results import StepResult

@@ -7,13 +7,18 @@ import asyncio
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 from softprobe.gym import __version__
 from softprobe.gym.errors import GymError
 from softprobe.gym.settings import RUNTIME_ENV
 from softprobe.gym.text import terminal_safe
+
+if TYPE_CHECKING:  # imported where used: the CLI starts without loading every subsystem
+    from softprobe.gym.evals.runner import SuiteOutcome
+    from softprobe.gym.providers.base import SweepReport
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
             "p99, the baseline and the ratio; cleans up after itself."
         ),
     )
-    bench.add_argument("--image", default="softprobe/support-desk:latest", help="image to measure on (default: %(default)s)")
+    bench.add_argument("--image", default="softprobe/support-desk:latest",
+                       help="image to measure on (default: %(default)s)")
     bench.add_argument("--quick", action="store_true", help="fewer samples (well under a minute)")
     bench.add_argument("--json", action="store_true", help="print the report as JSON")
     bench.add_argument(
@@ -159,7 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--concurrency", type=int, metavar="N", help="episodes at once (default: the suite's)")
     evaluate.add_argument("--resume", action="store_true", help="skip tasks already finished in DIR")
     evaluate.add_argument("--backend", choices=["auto", "native", "cli"], help="grading backend (default: the suite's)")
-    evaluate.add_argument("--ray", metavar="auto|ADDRESS", help="run the episodes across a Ray cluster (needs the ray extra)")
+    evaluate.add_argument("--ray", metavar="auto|ADDRESS",
+                          help="run the episodes across a Ray cluster (needs the ray extra)")
     _add_runtime(evaluate)
     evaluate.set_defaults(run=_run_eval)
 
@@ -176,7 +183,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_mode(build)
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
     build.set_defaults(run=_run_images_build)
-    images.set_defaults(run=lambda _: images.print_help() or 2)
+
+    def images_help(_: argparse.Namespace) -> int:
+        images.print_help()
+        return 2
+
+    images.set_defaults(run=images_help)
     return parser
 
 
@@ -209,7 +221,7 @@ def _run_images_build(args: argparse.Namespace) -> int:
 def _run_gc(args: argparse.Namespace) -> int:
     from softprobe.gym.providers.docker.provider import DockerProvider
 
-    async def sweep() -> object:
+    async def sweep() -> SweepReport:
         provider = DockerProvider()
         try:
             return await provider.sweep(everything=args.all, dry_run=args.dry_run)
@@ -218,13 +230,13 @@ def _run_gc(args: argparse.Namespace) -> int:
 
     report = asyncio.run(sweep())
     if args.json:
-        print(report.model_dump_json(indent=2))  # type: ignore[attr-defined]
+        print(report.model_dump_json(indent=2))
         return 0
     verb = "would remove" if args.dry_run else "removed"
     print(
-        f"{verb} {len(report.removed_containers)} containers and "  # type: ignore[attr-defined]
-        f"{len(report.removed_images)} images; kept {report.kept_live_owner} of live "  # type: ignore[attr-defined]
-        f"processes and {report.kept_other_host} of other machines"  # type: ignore[attr-defined]
+        f"{verb} {len(report.removed_containers)} containers and "
+        f"{len(report.removed_images)} images; kept {report.kept_live_owner} of live "
+        f"processes and {report.kept_other_host} of other machines"
     )
     return 0
 
@@ -232,9 +244,8 @@ def _run_gc(args: argparse.Namespace) -> int:
 def _run_grade(args: argparse.Namespace) -> int:
     import json
 
-    from softprobe.promptfoo_adapter import PromptfooAdapterError, grade_cases
-
     from softprobe.gym.evals.grading import GRADER_STATUSES, case_for, finished_episodes, format_table, load_assertions
+    from softprobe.promptfoo_adapter import PromptfooAdapterError, grade_cases
 
     # Exit 1 means "some rollouts failed", so every error here is a 2.
     try:
@@ -248,12 +259,12 @@ def _run_grade(args: argparse.Namespace) -> int:
         print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
     try:
-        written = [result.write_artifacts(folder) for folder, result in zip(episodes, results)]
+        written = [result.write_artifacts(folder) for folder, result in zip(episodes, results, strict=True)]
     except OSError as err:
         print(f"softprobe-gym: error: cannot write the grading artifacts: {err}", file=sys.stderr)
         return 2
     if args.json:
-        for result, paths in zip(results, written):
+        for result, paths in zip(results, written, strict=True):
             print(json.dumps({**result.summary(), "artifacts": {k: str(v) for k, v in paths.items()}}))
     else:
         print(format_table(results))
@@ -267,10 +278,9 @@ def _run_grade(args: argparse.Namespace) -> int:
 def _run_eval(args: argparse.Namespace) -> int:
     import signal
 
-    from softprobe.promptfoo_adapter import PromptfooAdapterError
-
     from softprobe.gym.evals.runner import preflight_suite, run_suite
     from softprobe.gym.evals.suite import load_suite
+    from softprobe.promptfoo_adapter import PromptfooAdapterError
 
     if args.concurrency is not None and args.concurrency < 1:
         print("softprobe-gym: error: --concurrency must be at least 1", file=sys.stderr)
@@ -283,7 +293,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
 
-    async def main() -> object:
+    async def main() -> SuiteOutcome:
         loop = asyncio.get_running_loop()
 
         def interrupt() -> None:
@@ -293,7 +303,8 @@ def _run_eval(args: argparse.Namespace) -> int:
 
         with _progress_display() as progress:
             inner = asyncio.ensure_future(run_suite(
-                suite, args.out, concurrency=args.concurrency, resume=args.resume, backend=args.backend, progress=progress,
+                suite, args.out, concurrency=args.concurrency, resume=args.resume, backend=args.backend,
+                progress=progress,
                 ray_address=args.ray, preflight=False,  # done above, before anything was written
             ))
             loop.add_signal_handler(signal.SIGINT, interrupt)
@@ -307,12 +318,12 @@ def _run_eval(args: argparse.Namespace) -> int:
     except (GymError, PromptfooAdapterError) as err:
         print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
-    summary = outcome.summary  # type: ignore[attr-defined]
+    summary = outcome.summary
     print(
         f"{summary['passed']}/{summary['ran']} tasks passed ({summary['failed']} failed, "
         f"{summary['errored']} errors) in {summary['wall_s']:.1f} s; report: {args.out / 'report.html'}"
     )
-    if outcome.interrupted:  # type: ignore[attr-defined]
+    if outcome.interrupted:
         return 130
     return 0 if summary["passed"] == summary["planned"] else 1
 
@@ -320,7 +331,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 class _progress_display:
     """A rich progress bar on a terminal, plain lines otherwise."""
 
-    def __enter__(self):  # type: ignore[no-untyped-def]
+    def __enter__(self) -> Callable[[str, int, int], None]:
         from softprobe.gym.evals.runner import plain_progress
 
         self._bar = None
@@ -328,14 +339,14 @@ class _progress_display:
             import rich.markup
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 transient=False)
-            self._bar.start()
-            self._task = self._bar.add_task("eval", total=None)
+            bar = self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                       TimeElapsedColumn(), transient=False)
+            bar.start()
+            self._task = bar.add_task("eval", total=None)
 
             def update(message: str, done: int, total: int) -> None:
                 shown = rich.markup.escape(terminal_safe(message)[:60])  # neither escapes nor markup
-                self._bar.update(self._task, completed=done, total=total, description=shown)
+                bar.update(self._task, completed=done, total=total, description=shown)
 
             return update
         return plain_progress

@@ -50,7 +50,9 @@ class Admission:
             runtime = await self._take_from_pool(seed_root)
             if runtime is None:
                 labels = self._registry.labels(episode.episode_id)
-                runtime = await Runtime.start(self._provider, self._registry.spec(labels=labels, seed=True, seed_root=seed_root))
+                runtime = await Runtime.start(
+                    self._provider, self._registry.spec(labels=labels, seed=True, seed_root=seed_root)
+                )
         except BaseException:
             self.release_slot(episode)
             raise
@@ -107,7 +109,9 @@ class Admission:
         """The sandbox died: record why, drop it, and return the error to raise (a
         LifecycleError instead if the episode was destroyed meanwhile)."""
         if episode.state is EpisodeState.DESTROYED:
-            return LifecycleError(episode.episode_id, "destroyed", operation, f"it was destroyed while the {operation} ran")
+            return LifecycleError(
+                episode.episode_id, "destroyed", operation, f"it was destroyed while the {operation} ran"
+            )
         episode.broken = reason
         await self.drop(episode, release=True)
         self._registry.save(episode)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from pydantic import BaseModel
 
-from softprobe.gym.errors import CapabilityError, GymError, LifecycleError, UnsupportedForkError
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.episodes.protocol import Host
+from softprobe.gym.errors import CapabilityError, GymError, LifecycleError, UnsupportedForkError
 
 #: Actions replayed by the capability checks: deterministic on any image with the built-in tools.
 DEFAULT_ACTIONS: list[dict[str, Any]] = [
@@ -75,10 +76,11 @@ async def check_host(host: Host, *, actions: list[dict[str, Any]] | None = None)
 
     async def lifecycle() -> str:
         episode_id = await new_episode("order")
-        for call, label in [
+        calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
             (lambda: host.step(episode_id=episode_id, action={"type": "terminate"}), "step before reset"),
             (lambda: host.finalize(episode_id=episode_id), "finalize before reset"),
-        ]:
+        ]
+        for call, label in calls:
             try:
                 await call()
             except LifecycleError:
@@ -166,5 +168,7 @@ async def check_host(host: Host, *, actions: list[dict[str, Any]] | None = None)
             except GymError:
                 pass
     return HostCheckReport(
-        passed=all(c.passed for c in checks), checks=checks, runtime=host.config.container.runtime if isinstance(host, HostEnvironment) else None
+        passed=all(c.passed for c in checks),
+        checks=checks,
+        runtime=host.config.container.runtime if isinstance(host, HostEnvironment) else None,
     )

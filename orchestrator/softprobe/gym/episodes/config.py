@@ -6,8 +6,9 @@ not an image name. Every problem becomes one :class:`ConfigurationError` naming 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -25,7 +26,6 @@ from pydantic import (
 from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.settings import Capabilities, ContainerSettings
-
 
 #: The seed image when none is given.
 DEFAULT_IMAGE = "softprobe/base:latest"

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Union
+from typing import Any
 
 from softprobe.gym.actions import TerminateAction, ToolAction
 from softprobe.gym.results import StepResult
 from softprobe.gym.shim.runtime import Runtime
 
-OnStepHook = Callable[["StepContext"], Union[dict[str, Any], None, Awaitable[Union[dict[str, Any], None]]]]
+OnStepHook = Callable[["StepContext"], dict[str, Any] | None | Awaitable[dict[str, Any] | None]]
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from softprobe.gym.episodes.forking import ForkResult
-from softprobe.gym.results import CheckpointRecord, EpisodeHandle, EpisodeState, FinalizeResult, ResetResult, StepResult
+from softprobe.gym.results import CheckpointRecord, EpisodeHandle, FinalizeResult, ResetResult, StepResult
 from softprobe.gym.settings import Capabilities
 
 
@@ -31,10 +31,6 @@ class Host(Protocol):
     @property
     def capabilities(self) -> Capabilities:
         """What this host declares (checkpoints, forks, subject state)."""
-        ...
-
-    def state(self, *, episode_id: str) -> EpisodeState:
-        """The episode's lifecycle state. Raises EpisodeNotFoundError."""
         ...
 
     async def create_episode(

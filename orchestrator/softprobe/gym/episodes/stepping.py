@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from softprobe.gym.actions import TerminateAction, ToolAction, parse_action
 from softprobe.gym.episodes.admission import Admission

@@ -10,9 +10,9 @@ import yaml
 from pydantic import ValidationError
 
 from softprobe.gym.errors import ConfigurationError
-from softprobe.gym.training.export import final_output_of, trajectory_digest, trajectory_steps
 from softprobe.gym.results import StepResult
 from softprobe.gym.text import terminal_safe
+from softprobe.gym.training.export import final_output_of, trajectory_digest, trajectory_steps
 
 
 def load_assertions(path: Path) -> tuple[list[dict[str, Any]], float | None]:
@@ -107,7 +107,7 @@ def format_table(results: list[Any]) -> str:
     ids = [terminal_safe(r.attempt_id) for r in results]
     width = max([len("episode")] + [len(i) for i in ids])
     lines = [f"{'episode':{width}}  result  score   backend  reason", "-" * (width + 48)]
-    for r, attempt_id in zip(results, ids):
+    for r, attempt_id in zip(results, ids, strict=True):
         reason = terminal_safe(r.reason if r.status == "succeeded" else f"{r.status}: {r.error}")
         score = f"{r.score:6.3f}" if r.score is not None else f"{'-':>6}"
         lines.append(f"{attempt_id:{width}}  {verdict(r):6}  {score}  {terminal_safe(r.backend):7}  {reason[:90]}")

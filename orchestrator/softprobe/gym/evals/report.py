@@ -11,8 +11,8 @@ import hashlib
 import html
 import json
 from pathlib import Path
-from urllib.parse import quote
 from typing import Any
+from urllib.parse import quote
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#1d2330;background:#fafbfc}
@@ -26,7 +26,8 @@ th{background:#f2f4f7} th[data-key]{cursor:pointer;user-select:none} th[data-key
 .pass{color:#067647;font-weight:600} .fail{color:#b42318;font-weight:600} .error{color:#b54708;font-weight:600}
 details{background:#fff;border:1px solid #e4e7ec;border-radius:8px;margin:10px 0;padding:8px 12px}
 summary{cursor:pointer;font-weight:600}
-pre{background:#f6f8fa;border-radius:6px;padding:8px;white-space:pre-wrap;word-break:break-word;max-height:320px;overflow:auto;margin:4px 0}
+pre{background:#f6f8fa;border-radius:6px;padding:8px;white-space:pre-wrap;word-break:break-word;
+    max-height:320px;overflow:auto;margin:4px 0}
 .step{border-left:3px solid #d0d5dd;padding-left:10px;margin:8px 0}
 .legend span{margin-right:12px} svg{background:#fff;border:1px solid #eef0f3;border-radius:6px}
 """
@@ -54,7 +55,8 @@ _COLORS = ["#2e90fa", "#12b76a", "#f79009", "#7a5af8", "#ee46bc", "#f04438", "#0
 
 
 def _e(value: Any) -> str:
-    return html.escape(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str), quote=True)
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return html.escape(text, quote=True)
 
 
 def _clip(text: str, limit: int = 6000) -> str:
@@ -84,7 +86,8 @@ def _grading_links(result: Any) -> str:
     if not paths:
         return ""
     links = " · ".join(
-        f'<a href="{_e(quote(path))}">{_e(_ARTIFACT_LABELS.get(name, name))}</a>' for name, path in sorted(paths.items())
+        f'<a href="{_e(quote(path))}">{_e(_ARTIFACT_LABELS.get(name, name))}</a>'
+        for name, path in sorted(paths.items())
     )
     return f'<p class="grading">grading: {links}</p>'
 
@@ -103,7 +106,7 @@ def reward_chart(rewards: list[dict[str, Any]], width: int = 520, height: int = 
     names = sorted({name for r in rewards for name in r["components"]})
     if not rewards or not names:
         return '<p class="muted">No reward components (the task has no checks).</p>'
-    values = [v for r in rewards for v in r["components"].values()]
+    values: list[float] = [v for r in rewards for v in r["components"].values()]
     low, high = min(values + [0.0]), max(values + [1.0])
     span = (high - low) or 1.0
     pad = 24
@@ -115,7 +118,8 @@ def reward_chart(rewards: list[dict[str, Any]], width: int = 520, height: int = 
     def y(v: float) -> float:
         return height - pad - (height - 2 * pad) * ((v - low) / span)
 
-    parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="reward components">',
+    parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+             'aria-label="reward components">',
              f'<line x1="{pad}" y1="{y(low)}" x2="{width - pad}" y2="{y(low)}" stroke="#d0d5dd"/>',
              f'<text x="2" y="{y(high) + 4}" font-size="10" fill="#667085">{high:g}</text>',
              f'<text x="2" y="{y(low) + 4}" font-size="10" fill="#667085">{low:g}</text>']
@@ -148,10 +152,12 @@ def _trajectory(record: Any) -> str:
         shown = observation if isinstance(observation, str) else json.dumps(observation, ensure_ascii=False, indent=1)
         out.append(
             f'<div class="step"><b>step {step.get("index")}: {_e(label)}</b>'
-            + (f' <span class="fail">{_e(error.get("type", "error"))}: {_e(error.get("message", ""))}</span>' if error else "")
+            + (f' <span class="fail">{_e(error.get("type", "error"))}: {_e(error.get("message", ""))}</span>'
+               if error else "")
             + f"<pre>{_e(json.dumps(action.get('args', action), ensure_ascii=False))}</pre>"
             + f"<div class=\"muted\">observation</div><pre>{_e(_clip(shown))}</pre>"
-            + f"<div class=\"muted\">diagnostics</div><pre>{_e(json.dumps(diagnostics, ensure_ascii=False, indent=1))}</pre></div>"
+            + "<div class=\"muted\">diagnostics</div>"
+            + f"<pre>{_e(json.dumps(diagnostics, ensure_ascii=False, indent=1))}</pre></div>"
         )
     return "".join(out)
 
@@ -163,7 +169,8 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
     cards = [("tasks", f"{summary['ran']}/{summary['planned']}"), ("passed", summary["passed"]),
              ("failed", summary["failed"]), ("errors", summary["errored"]),
              ("pass rate", f"{summary['pass_rate'] * 100:.0f}%"),
-             ("mean score", f"{score.get('mean', 0):.3f}" if score else "-"), ("wall time", f"{summary['wall_s']:.1f} s")]
+             ("mean score", f"{score.get('mean', 0):.3f}" if score else "-"),
+             ("wall time", f"{summary['wall_s']:.1f} s")]
     rows, details = [], []
     for result in results:
         verdict, css = _verdict(result)
@@ -196,7 +203,8 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
             f"<tbody>{assertion_rows}</tbody></table>"
             f"<h3>Final output</h3><pre>{_e(_clip(final_output))}</pre>"
             f"<h3>Trajectory</h3>{_trajectory(record)}"
-            f'<p class="muted">trajectory digest {_e(result.trajectory_digest or "-")} · trace {_e(result.source_trace_id or "-")}'
+            f'<p class="muted">trajectory digest {_e(result.trajectory_digest or "-")}'
+            f' · trace {_e(result.source_trace_id or "-")}'
             f" · artifacts {_e(result.artifacts or '-')}</p>{_grading_links(result)}</details>"
         )
     columns = [("task", "text"), ("result", "text"), ("score", "number"), ("reward", "number"),
@@ -209,7 +217,9 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
         f"<h1>{_e(summary['suite'])}</h1><div class=\"muted\">image {_e(summary['image'])} · graded by "
         f"{_e(summary['backend'])} · {_e(summary['finished_at'])}"
         + (" · <b>interrupted</b>" if summary.get("interrupted") else "") + "</div>"
-        + '<div class="cards">' + "".join(f'<div class="card"><b>{_e(str(v))}</b><span class="muted">{k}</span></div>' for k, v in cards) + "</div>"
+        + '<div class="cards">'
+        + "".join(f'<div class="card"><b>{_e(str(v))}</b><span class="muted">{k}</span></div>' for k, v in cards)
+        + "</div>"
         + _status_line(summary)
         + f'<table id="tasks"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
         + "<h2>Tasks</h2>" + "".join(details)

@@ -16,22 +16,26 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.episodes.protocol import Host
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
+from softprobe.gym.evals.suite import Suite, SuiteError, Task
 from softprobe.gym.paths import remove_tree
+from softprobe.gym.text import terminal_safe
 from softprobe.gym.training.export import trajectory_steps
 from softprobe.gym.training.rollouts import RolloutSpec, run_rollout, write_seed_files
 from softprobe.gym.training.session import RolloutResult
 from softprobe.gym.training.splits import assert_no_leakage, partition_train_eval
-from softprobe.gym.evals.suite import Suite, SuiteError, Task
-from softprobe.gym.text import terminal_safe
+
+if TYPE_CHECKING:  # the adapter is imported when grading starts, not with the runner
+    from softprobe.promptfoo_adapter.models import Backend
 
 
 class TaskRecord(BaseModel):
@@ -141,7 +145,7 @@ async def run_suite(
     *,
     concurrency: int | None = None,
     resume: bool = False,
-    backend: str | None = None,
+    backend: Backend | None = None,
     progress: Progress = lambda message, done, total: None,
     ray_address: str | None = None,
     preflight: bool = True,
@@ -202,7 +206,8 @@ async def run_suite(
     concurrency = concurrency or suite.concurrency
     limit = asyncio.Semaphore(concurrency)
     interrupted = False
-    host_options = dict(
+    # create_host_environment's keywords; for Ray also sent to the nodes (see _connect_ray).
+    host_options: dict[str, Any] = dict(
         run_root=(out / "runs").resolve(),
         seed_root=suite.resolve(suite.seed),
         image=suite.image,
@@ -233,8 +238,8 @@ async def run_suite(
         interrupted = True
     finally:
         await asyncio.shield(host.close())
-    outcome = await grade_records(suite, out, tasks, backend=backend or suite.backend, wall_s=time.perf_counter() - started,
-                                  interrupted=interrupted)
+    outcome = await grade_records(suite, out, tasks, backend=backend or suite.backend,
+                                  wall_s=time.perf_counter() - started, interrupted=interrupted)
     return outcome
 
 
@@ -248,7 +253,10 @@ async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any])
     # Policies live next to the suite, not on the nodes: send their modules by value.
     for task in suite.tasks:
         if task.policy:
-            ray.cloudpickle.register_pickle_by_value(sys.modules[suite.policy(task).__module__])
+            # ray.cloudpickle is untyped; this registers a module to be pickled by value.
+            ray.cloudpickle.register_pickle_by_value(  # type: ignore[no-untyped-call]
+                sys.modules[suite.policy(task).__module__]
+            )
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in host_options.items()}
     return await DistributedHost.connect(**options)
 
@@ -274,21 +282,20 @@ async def _run_one(host: Host, suite: Suite, task: Task, out: Path, reward_from:
 
 
 async def grade_records(
-    suite: Suite, out: Path, tasks: list[Task], *, backend: str, wall_s: float, interrupted: bool
+    suite: Suite, out: Path, tasks: list[Task], *, backend: Backend, wall_s: float, interrupted: bool
 ) -> SuiteOutcome:
     """Grade every recorded rollout in one batch (one that broke as ``subject_error``, with no
     score); write ``grading/<id>/`` (framework-result.json, promptfoo.native.json),
     results.jsonl, summary.json and report.html."""
-    from softprobe.promptfoo_adapter import grade_cases
-
     from softprobe.gym.evals.report import write_report
+    from softprobe.promptfoo_adapter import grade_cases
 
     records = {}
     for task in tasks:
         path = out / "tasks" / f"{task.id}.json"
         if path.exists():
             records[task.id] = TaskRecord.model_validate_json(path.read_text())
-    cases = []
+    cases: list[dict[str, Any]] = []
     for task in tasks:
         record = records.get(task.id)
         if record is None:
@@ -322,8 +329,8 @@ async def grade_records(
         results.append(_task_result(task, record, outcome, paths))
     summary = _summary(suite, results, len(tasks), wall_s, interrupted, backend)
     with open(out / "results.jsonl", "w") as f:
-        for result in results:
-            f.write(result.model_dump_json() + "\n")
+        for task_result in results:
+            f.write(task_result.model_dump_json() + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(out / "report.html", suite, summary, results, records)
     return SuiteOutcome(results=results, summary=summary, interrupted=interrupted)
@@ -333,7 +340,8 @@ def _task_result(task: Task, record: TaskRecord, graded: Any, grading: dict[str,
     rollout = record.rollout or {}
     steps = rollout.get("steps", [])
     rewards = [
-        {"step": s["index"], "reward": s.get("reward"), "components": {c["name"]: c["value"] for c in s.get("reward_components", [])}}
+        {"step": s["index"], "reward": s.get("reward"),
+         "components": {c["name"]: c["value"] for c in s.get("reward_components", [])}}
         for s in steps
     ]
     if graded is None:
@@ -351,7 +359,9 @@ def _task_result(task: Task, record: TaskRecord, graded: Any, grading: dict[str,
     )
 
 
-def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: float, interrupted: bool, backend: str) -> dict[str, Any]:
+def _summary(
+    suite: Suite, results: list[TaskResult], planned: int, wall_s: float, interrupted: bool, backend: str
+) -> dict[str, Any]:
     """The counts are disjoint: a task that ran is ``errored`` when it was not graded (its rollout
     or its grading failed: ``status`` is not ``succeeded`` and ``error`` says why), else
     ``passed`` or ``failed``; a planned task that did not run (an interrupted run) is
@@ -383,7 +393,8 @@ def _summary(suite: Suite, results: list[TaskResult], planned: int, wall_s: floa
         "backend": backend,
         "score": {"graded": len(scores), "min": min(scores), "max": max(scores), "mean": statistics.fmean(scores),
                   "median": statistics.median(scores)} if scores else {},
-        "duration_ms": {"mean": statistics.fmean(durations), "median": statistics.median(durations), "max": max(durations)} if durations else {},
+        "duration_ms": {"mean": statistics.fmean(durations), "median": statistics.median(durations),
+                        "max": max(durations)} if durations else {},
         "wall_s": round(wall_s, 3),
     }
 

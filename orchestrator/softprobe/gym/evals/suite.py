@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -35,7 +36,6 @@ from softprobe.gym.actions import Action
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
 from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.settings import ContainerSettings
-
 
 _REPEATED = "task ids must be unique"
 
@@ -57,7 +57,11 @@ class Check(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Check:
-        given = [k for k in ("file_exists", "file_contains", "observation_contains", "no_error") if getattr(self, k) is not None]
+        given = [
+            k
+            for k in ("file_exists", "file_contains", "observation_contains", "no_error")
+            if getattr(self, k) is not None
+        ]
         if len(given) != 1:
             raise ValueError(
                 "a check needs exactly one of file_exists, file_contains, observation_contains, no_error"
@@ -159,7 +163,8 @@ class Suite(BaseModel):
         if folder not in sys.path:
             sys.path.insert(0, folder)
         try:
-            return getattr(importlib.import_module(module_name), function)  # type: ignore[no-any-return]
+            policy: Callable[..., Any] = getattr(importlib.import_module(module_name), function)
+            return policy
         except (ImportError, AttributeError) as err:
             raise SuiteError(f"task {task.id}: cannot load policy {task.policy!r}: {err}") from None
 

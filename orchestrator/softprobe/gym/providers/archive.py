@@ -7,12 +7,11 @@ import os
 import stat
 import tarfile
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from softprobe.gym.errors import UnsafeArchiveError
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.text import has_surrogate, readable_text
-
 
 
 def build_seed_archive(
@@ -286,7 +285,7 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _write_sparse(source: BinaryIO, path: str, size: int, mode: int, mtime: float) -> None:
+def _write_sparse(source: IO[bytes], path: str, size: int, mode: int, mtime: float) -> None:
     """Write ``size`` bytes from ``source`` to a new file at ``path``, leaving all-zero blocks as
     holes (the host's disk holds only the data), then set its mode and time."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

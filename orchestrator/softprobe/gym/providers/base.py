@@ -107,7 +107,7 @@ class Provider(ABC):
     name: str = "provider"
     supports_commit: bool = False
 
-    def check_settings(self, settings: ContainerSettings) -> None:
+    def check_settings(self, settings: ContainerSettings) -> None:  # noqa: B027 - optional hook, no-op default
         """Raise ConfigurationError for settings this provider cannot honour (default: none)."""
 
     @abstractmethod
@@ -185,7 +185,7 @@ class Provider(ABC):
     async def close(self) -> None:
         """Release the provider's own resources (connections, threads)."""
 
-    def discard(self) -> None:
+    def discard(self) -> None:  # noqa: B027 - optional hook, no-op default
         """Release the provider's resources without an event loop (a failed construction)."""
 
 

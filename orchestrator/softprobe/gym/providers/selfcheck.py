@@ -11,7 +11,7 @@ A failing check raises :class:`ProviderCheckError` saying what was expected and 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -48,7 +48,9 @@ def _expect(condition: bool, message: str) -> None:
         raise ProviderCheckError(message)
 
 
-def _spec(tmp: Path, *, seed: bool = True, image: str = CHECK_IMAGE, settings: ContainerSettings | None = None) -> SandboxSpec:
+def _spec(
+    tmp: Path, *, seed: bool = True, image: str = CHECK_IMAGE, settings: ContainerSettings | None = None
+) -> SandboxSpec:
     seed_root = tmp / "seed"
     if seed and not seed_root.exists():
         (seed_root / "docs").mkdir(parents=True)
@@ -70,7 +72,14 @@ async def _started(provider: Provider, spec: SandboxSpec) -> AsyncIterator[Runti
         await runtime.remove()
 
 
-async def _call(runtime: Runtime, tool: str, timeout_s: float = 30.0, output_cap: int = 1 << 20, **args: object) -> CallResult:
+async def _call(runtime: Runtime, tool: str, timeout_s: float = 30.0, output_cap: int = 1 << 20,
+                **args: object) -> CallResult:
+    return await _call_with(runtime, tool, args, timeout_s=timeout_s, output_cap=output_cap)
+
+
+async def _call_with(runtime: Runtime, tool: str, args: Mapping[str, object], *, timeout_s: float = 30.0,
+                     output_cap: int = 1 << 20) -> CallResult:
+    """``_call`` with the tool's arguments as a dict (one named ``timeout_s`` stays the tool's)."""
     return await runtime.call_tool(tool=tool, args=dict(args), timeout_s=timeout_s, output_cap=output_cap)
 
 
@@ -78,7 +87,8 @@ async def check_start_and_seed(provider: Provider, tmp: Path) -> None:
     """A started sandbox says hello with the built-in tools and holds the seed files."""
     async with _started(provider, _spec(tmp)) as runtime:
         names = {tool.name for tool in runtime.hello.tools}
-        _expect({"fs.read", "fs.write", "fs.list", "fs.delete", "shell.exec"} <= names, f"built-in tools missing: {names}")
+        _expect({"fs.read", "fs.write", "fs.list", "fs.delete", "shell.exec"} <= names,
+                f"built-in tools missing: {names}")
         _expect(sorted(runtime.hello.workspace_files) == ["docs/guide.md", "hello.txt"],
                 f"seed files: {runtime.hello.workspace_files}")
         _expect(await runtime.read_text("hello.txt") == "hello from the seed\n", "read_text of a seed file")
@@ -119,8 +129,9 @@ async def check_paths_stay_inside(provider: Provider, tmp: Path) -> None:
             ("fs.write", {"path": "to-root/tmp/planted", "content": "x"}),
             ("fs.list", {"path": ".."}),
         ]:
-            result = await _call(runtime, tool, **args)
-            _expect(result.error is not None and result.error.type == "path_outside_workspace", f"{tool} {args}: {result}")
+            result = await _call_with(runtime, tool, args)
+            _expect(result.error is not None and result.error.type == "path_outside_workspace",
+                    f"{tool} {args}: {result}")
 
 
 async def check_exec_output_and_exit_code(provider: Provider, tmp: Path) -> None:
@@ -229,7 +240,8 @@ async def self_check(provider: Provider, scratch: Path) -> list[ProviderCheckOut
             await check(provider, folder)
             outcome = ProviderCheckOutcome(name=name, passed=True, duration_ms=0)
         except Exception as err:  # a check's failure is its outcome; the others still run
-            outcome = ProviderCheckOutcome(name=name, passed=False, detail=f"{type(err).__name__}: {err}", duration_ms=0)
+            outcome = ProviderCheckOutcome(name=name, passed=False, detail=f"{type(err).__name__}: {err}",
+                                           duration_ms=0)
         outcome.duration_ms = round((time.perf_counter() - started) * 1000, 3)
         outcomes.append(outcome)
     return outcomes

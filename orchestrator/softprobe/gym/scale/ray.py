@@ -24,6 +24,7 @@ from ray.exceptions import RayActorError
 
 from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment
 from softprobe.gym.episodes.forking import ForkResult
+from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.errors import GymError
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.results import CheckpointRecord, EpisodeHandle, FinalizeResult, ResetResult, StepResult
@@ -92,9 +93,9 @@ class HostActor:
 
     def __init__(self, host_options: dict[str, Any]) -> None:
         self._options = host_options
-        self._host: Any = None
+        self._host: HostEnvironment | None = None
 
-    async def _ensure(self) -> Any:
+    async def _ensure(self) -> HostEnvironment:
         if self._host is None:
             self._host = create_host_environment(**self._options)
             await self._host.provider.sweep()  # what a dead predecessor on this node left
@@ -182,12 +183,15 @@ class DistributedHost:
         """
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        docker_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("docker", 0) >= 1]
+        # ray.nodes() is unannotated in ray; it returns one dict per node of the cluster.
+        cluster: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+        docker_nodes = [n["NodeID"] for n in cluster if n["Alive"] and n["Resources"].get("docker", 0) >= 1]
         if not docker_nodes:
             raise GymError("no Ray node carries the 'docker' resource: start nodes with "
                            "ray start --resources='{\"docker\": 1}'")
         nodes = [
-            _Node(node_id, HostActor.options(
+            # @ray.remote made HostActor an ActorClass (with .options); ray's annotations keep the class.
+            _Node(node_id, HostActor.options(  # type: ignore[attr-defined]
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(host_options))
             for node_id in docker_nodes
         ]
@@ -251,7 +255,9 @@ class DistributedHost:
         the seed image first if it lacks it; also NodeLostError."""
         node = self._least_loaded()
         await self._ship_image(node)
-        handle = await self._on(node, episode_id, node.actor.call.remote("create_episode", dict(kwargs, episode_id=episode_id)))
+        handle: EpisodeHandle = await self._on(
+            node, episode_id, node.actor.call.remote("create_episode", dict(kwargs, episode_id=episode_id))
+        )
         node.episodes.add(handle.episode_id)
         self._owner[handle.episode_id] = node
         self.placements[handle.episode_id] = node.node_id

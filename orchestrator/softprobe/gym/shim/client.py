@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
 from softprobe.gym.actions import wire_json
 from softprobe.gym.errors import SandboxError, SandboxLostError, ShimReplyError
-from softprobe.gym.text import readable
 from softprobe.gym.shim.protocol import (
     CallRequest,
     CallResult,
@@ -26,11 +25,14 @@ from softprobe.gym.shim.protocol import (
     ShimRequest,
     ShimResponse,
 )
+from softprobe.gym.text import readable
 
 #: How long the host waits beyond a tool's own timeout before it declares the shim unresponsive.
 RESPONSE_GRACE_S = 15.0
 
 _timeout = getattr(asyncio, "timeout", None)
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 
 class LineChannel(Protocol):
@@ -185,7 +187,7 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _validated(model: Any, result: Any, op: str) -> Any:
+def _validated(model: type[_Model], result: object, op: str) -> _Model:
     try:
         return model.model_validate(result)
     except ValidationError as err:

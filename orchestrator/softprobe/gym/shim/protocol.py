@@ -6,7 +6,7 @@ The in-container side is ``shim/agent_shim.py`` (stdlib only, so it cannot impor
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -63,7 +63,7 @@ class RescanResult(BaseModel):
     workspace_digest_complete: bool = True
 
 
-ShimRequest = Union[HelloRequest, CallRequest, ExistsRequest, ReadTextRequest, SeedRequest, RescanRequest]
+ShimRequest = HelloRequest | CallRequest | ExistsRequest | ReadTextRequest | SeedRequest | RescanRequest
 
 
 class ShimFailure(BaseModel):

@@ -29,16 +29,17 @@ import json
 import string
 import tempfile
 import threading
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Coroutine, SupportsFloat, TypeVar
+from typing import Any, SupportsFloat, TypeVar
 
 import gymnasium
 from gymnasium import spaces
 
 from softprobe.gym.actions import loads_action
-from softprobe.gym.errors import InvalidActionError
 from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment
 from softprobe.gym.episodes.protocol import Host
+from softprobe.gym.errors import InvalidActionError
 from softprobe.gym.training.rewards import Aggregate, RewardFrom, RewardTracker
 
 T = TypeVar("T")
@@ -79,7 +80,7 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
         host_factory: Callable[[], Host | Awaitable[Host]] | None = None,
         **host_options: Any,
     ) -> None:
-        self.observation_space = spaces.Text(max_length=observation_max_chars, charset=_CHARSET)
+        self.observation_space: spaces.Text = spaces.Text(max_length=observation_max_chars, charset=_CHARSET)
         self.action_space = spaces.Text(max_length=action_max_chars, charset=_CHARSET)
         self._rewards = RewardTracker(reward_from, reward_aggregate) if reward_from is not None else None
         self._tmp = tempfile.TemporaryDirectory(prefix="softprobe-gymnasium-") if run_root is None else None
@@ -91,6 +92,7 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
             self._host = self._run(_made(host_factory))
         else:
             self._host = create_host_environment(
+                # self._tmp exists exactly when run_root is None.
                 run_root=run_root or self._tmp.name,  # type: ignore[union-attr]
                 seed_root=seed_root,
                 image=image,
@@ -157,7 +159,8 @@ class SoftprobeEnv(gymnasium.Env[str, str]):
 
     def _refused(self, message: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         error = {"type": "invalid_action", "message": message}
-        return self._encode({"observation": f"error (invalid_action): {message}", "error": error}), 0.0, False, False, {"error": error}
+        observation = self._encode({"observation": f"error (invalid_action): {message}", "error": error})
+        return observation, 0.0, False, False, {"error": error}
 
     def _encode(self, payload: dict[str, Any]) -> str:
         text = json.dumps(payload, ensure_ascii=True, default=str)

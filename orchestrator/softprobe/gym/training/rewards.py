@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
@@ -43,7 +44,7 @@ class Facts(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
-Aggregate = Union[Literal["sum", "mean"], Callable[[list[RewardComponent]], float]]
+Aggregate = Literal["sum", "mean"] | Callable[[list[RewardComponent]], float]
 
 
 def parse_facts(facts: object) -> Facts:
@@ -117,7 +118,7 @@ class RewardContext:
     step_index: int
 
 
-RewardFrom = Callable[[RewardContext], Union[dict[str, Any], Facts, Awaitable[Union[dict[str, Any], Facts]]]]
+RewardFrom = Callable[[RewardContext], dict[str, Any] | Facts | Awaitable[dict[str, Any] | Facts]]
 
 
 class RewardTracker:

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import inspect
 import weakref
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Generator, Iterable
 from pathlib import Path
-from typing import Annotated, Any, AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable, Literal, Union
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+)
 
 from pydantic import BaseModel, Field
 
-from softprobe.gym.errors import EpisodeNotFoundError, GymError, LifecycleError
-from softprobe.gym.training.export import PromptfooInput, final_output_of, trajectory_digest, trajectory_steps
 from softprobe.gym.episodes.host import HostEnvironment
+from softprobe.gym.errors import EpisodeNotFoundError, GymError, LifecycleError
 from softprobe.gym.results import StepResult
+from softprobe.gym.training.export import PromptfooInput, final_output_of, trajectory_digest, trajectory_steps
 from softprobe.gym.training.rewards import Aggregate, Facts, RewardFrom, RewardTracker
-
 
 Policy = Callable[..., Any]  # (observation) or (observation, last_step_result) -> action, sync or async
 TerminatedReason = Literal["terminate_action", "max_steps", "end_of_actions", "error"]
@@ -53,7 +57,7 @@ class TerminatedEvent(BaseModel):
     error: str | None = None
 
 
-RolloutEvent = Annotated[Union[ResetEvent, StepEvent, TerminatedEvent], Field(discriminator="type")]
+RolloutEvent = Annotated[ResetEvent | StepEvent | TerminatedEvent, Field(discriminator="type")]
 
 
 class RolloutResult(BaseModel):
@@ -151,7 +155,7 @@ class TrainingSession:
         """
         return Rollout(self, actions_or_policy)
 
-    async def _rollout(self, source: Any) -> AsyncIterator[ResetEvent | StepEvent | TerminatedEvent]:
+    async def _rollout(self, source: Any) -> AsyncGenerator[ResetEvent | StepEvent | TerminatedEvent, None]:
         await self._ensure_episode()
         episode_id = str(self.episode_id)
         self._steps, self._reason = [], None

@@ -25,6 +25,7 @@ class TrainEvalSplit(BaseModel):
     train: list[str]
     eval: list[str]
 
+    # `train, evaluate = split` unpacks the two lists, not pydantic's (field, value) pairs.
     def __iter__(self) -> Iterator[list[str]]:  # type: ignore[override]
         return iter((self.train, self.eval))
 
@@ -43,7 +44,10 @@ def partition_train_eval(ids: Iterable[str], train_ratio: float = 0.75, seed: in
     if bad:
         raise SplitError(f"ids must be non-empty strings; got {bad[0]!r}")
     seen: set[str] = set()
-    repeated = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+    twice: set[str] = set()
+    for i in ids:
+        (twice if i in seen else seen).add(i)
+    repeated = sorted(twice)
     if repeated:
         raise SplitError(f"ids must be unique; repeated: {', '.join(repeated[:10])}")
     shuffled = sorted(ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).hexdigest())

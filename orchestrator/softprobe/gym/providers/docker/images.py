@@ -23,12 +23,14 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import docker
 import docker.errors
+from docker.models.images import Image
 
 from softprobe.gym import labels as L
 from softprobe.gym.errors import ImageBuildError
@@ -191,7 +193,8 @@ def _apt_mirror() -> str | None:
         if path.suffix in {".list", ".sources", ""} and path.is_file():
             texts.append(path.read_text(errors="replace"))
     for text in texts:
-        for uri in re.findall(r"^\s*(?:URIs:|deb)\s+(?:\[[^\]]*\]\s+)?(\S+)", text, re.M):
+        uris: list[str] = re.findall(r"^\s*(?:URIs:|deb)\s+(?:\[[^\]]*\]\s+)?(\S+)", text, re.M)
+        for uri in uris:
             if uri.rstrip("/").endswith("/debian"):
                 return uri
     return None
@@ -211,7 +214,7 @@ def _build_one(
     client: docker.DockerClient, spec: ImageSpec, parent: str, *, force: bool, log: Log
 ) -> BuildOutcome:
     context = build_context(spec)
-    parent_id = client.images.get(parent).id
+    parent_id = _id_of(client.images.get(parent))
     build_args = {"BASE_IMAGE": parent}
     build_hash = hashlib.sha256(
         context + json.dumps([build_args, parent_id], sort_keys=True).encode()
@@ -222,7 +225,7 @@ def _build_one(
         previous = None
     if previous is not None and not force and (previous.labels or {}).get(L.BUILD_HASH) == build_hash:
         log(f"{spec.tag} is up to date")
-        return BuildOutcome(spec.tag, previous.id, built=False)
+        return BuildOutcome(spec.tag, _id_of(previous), built=False)
     log(f"building {spec.tag} (FROM {parent}) ...")
     image_labels = {L.IMAGE_NAME: spec.name, L.BUILD_HASH: build_hash}
     if spec.name == "base":
@@ -239,16 +242,16 @@ def _build_one(
         pull=False,
         decode=True,
     )
-    image_id = None
+    image_id: str | None = None
     for chunk in stream:
         if "error" in chunk:
             raise ImageBuildError(f"building {spec.tag} failed: {chunk['error'].strip()}")
         if "aux" in chunk and "ID" in chunk["aux"]:
             image_id = chunk["aux"]["ID"]
     if image_id is None:
-        image_id = client.images.get(spec.tag).id
+        image_id = _id_of(client.images.get(spec.tag))
     if previous is not None and previous.id != image_id:
-        _remove_superseded(client, previous.id)
+        _remove_superseded(client, _id_of(previous))
     log(f"built {spec.tag} ({image_id[:19]})")
     return BuildOutcome(spec.tag, image_id, built=True)
 
@@ -272,6 +275,14 @@ def build_context(spec: ImageSpec) -> bytes:
             archive.addfile(member, io.BytesIO(data))
     return buffer.getvalue()
 
+
+
+def _id_of(image: Image) -> str:
+    """An image's id (``sha256:...``); one the engine returned always has it (the SDK types it
+    optional because a model built from partial attributes may not)."""
+    image_id = image.id
+    assert image_id is not None
+    return image_id
 
 
 def _remove_superseded(client: docker.DockerClient, image_id: str) -> None:

@@ -8,13 +8,14 @@ or, when small, through the shim after its handshake. Each episode gets uids of 
 from __future__ import annotations
 
 import asyncio
+import os
 import tarfile
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import docker
 import docker.errors
@@ -164,7 +165,10 @@ class DockerProvider(Provider):
 
     @control_plane
     def _inspect_image(self, image: str) -> dict[str, Any]:
-        return self.client.api.inspect_image(image)
+        # types-docker leaves the low-level APIClient methods unannotated; the result is the
+        # engine's JSON for the image.
+        attrs: dict[str, Any] = self.client.api.inspect_image(image)  # type: ignore[no-untyped-call]
+        return attrs
 
     def _resolve_user(self, image_id: str, user: str | None) -> tuple[int, int, str | None]:
         """Numeric ids for the user tools run as, looking names up in the image's /etc/passwd.
@@ -269,7 +273,8 @@ class DockerProvider(Provider):
             network_disabled=settings.network == "none",
             host_config=host_config,
         )
-        return response["Id"]
+        container_id: str = response["Id"]
+        return container_id
 
     @control_plane
     def _put_archive(self, container_id: str, archive: bytes) -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import docker.errors
 import requests.exceptions

@@ -6,8 +6,9 @@ import asyncio
 import io
 import json
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import docker.errors
 import requests.exceptions
@@ -82,6 +83,8 @@ class DockerSandbox(Sandbox):
         # Extracted as it arrives: never spooled, so the budget bounds what the host stores, and
         # a budget reached early stops the transfer (closing the stream drops the connection).
         try:
+            # A RawIOBase, which tarfile reads like any binary file (short reads included); typeshed
+            # has RawIOBase.read return bytes | None (None: non-blocking, never here), not BinaryIO's bytes.
             return safe_extract(_ChunkReader(stream), destination, byte_budget=byte_budget)  # type: ignore[arg-type]
         except (tarfile.TarError, requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as err:
             raise SandboxError(f"copying {path} out of the container failed: {err}") from None
@@ -124,7 +127,7 @@ class DockerSandbox(Sandbox):
         exported = api.export(self.sandbox_id)
         response = api.import_image_from_stream(exported, changes=changes)
         status = _last_json_line(response)
-        image_id = status.get("status", "")
+        image_id: str = status.get("status", "")
         if not image_id.startswith("sha256:"):
             raise SandboxError(f"flattening the checkpoint failed: {status}")
         return image_id

@@ -17,8 +17,10 @@ SPAN = (1 << 30) - FIRST_UID
 
 
 class _ResolvedUser(Protocol):
-    uid: int
-    gid: int
+    @property
+    def uid(self) -> int: ...
+    @property
+    def gid(self) -> int: ...
 
 
 class _UserSetting(Protocol):

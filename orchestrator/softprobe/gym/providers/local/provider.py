@@ -52,7 +52,9 @@ def default_root() -> Path:
 class LocalSandbox(Sandbox):
     """A folder and the shim subprocess serving it."""
 
-    def __init__(self, folder: Path, process: asyncio.subprocess.Process, image_id: str, pending_seed: bytes | None) -> None:
+    def __init__(
+        self, folder: Path, process: asyncio.subprocess.Process, image_id: str, pending_seed: bytes | None
+    ) -> None:
         self.sandbox_id = folder.name
         self.image_id = image_id
         self.folder = folder
