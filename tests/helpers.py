@@ -144,3 +144,20 @@ def kill_local_sandbox(provider, episode_id: str) -> None:  # type: ignore[no-un
 
     (found,) = _local_listed(provider, "sandboxes", **{L.EPISODE: episode_id, L.OWNER: L.current_owner()})
     os.killpg(found[1]["pid"], signal.SIGKILL)
+
+
+# -- the example eval suite and its report's screenshot -------------------------------------------
+
+EXAMPLES = REPO / "images" / "support-desk" / "examples"
+# The screenshot README.md shows. The browser test (tests/docker/test_eval.py) saves its own where
+# SOFTPROBE_SCREENSHOT says (never here on its own: this folder is an image's build context).
+README_SCREENSHOT = EXAMPLES / "report.png"
+SCREENSHOT_SIZE = (1200, 1500)
+
+
+def png_size(path) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    import struct
+
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", header[16:24])
