@@ -93,7 +93,8 @@ async def test_a_timeout_kills_the_command_and_everything_it_started(host):
     result = await host.step(episode_id=episode_id, action=tool("shell.exec", command=command, timeout_s=1))
     assert result.error.type == "timeout"
     assert "killed" in result.error.message
-    assert result.diagnostics["command_ms"] < 10_000
+    # (No bound on command_ms here: a step that waited for the sleeps would not return at all, and
+    # the survivors below prove the kill. The Docker copy keeps its generous bound.)
     survivors = await processes(host, episode_id)
     assert "sleep 4861" not in survivors, survivors
 
@@ -101,7 +102,8 @@ async def test_a_timeout_kills_the_command_and_everything_it_started(host):
 async def test_background_processes_do_not_outlive_their_step(host):
     episode_id = await ready(host)
     quick = await host.step(episode_id=episode_id, action=tool("shell.exec", command="sleep 48620 & echo bg"))
-    assert quick.observation == "bg\n" and quick.diagnostics["command_ms"] < 5_000
+    # Not a timed check: a shim that waited for the 13-hour sleep would end the step as a timeout.
+    assert quick.observation == "bg\n" and quick.error is None
     after = await processes(host, episode_id)
     assert "sleep 48620" not in after, after
 
