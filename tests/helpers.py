@@ -84,3 +84,80 @@ def this_process(*labels: str) -> dict[str, list[str]]:
     from softprobe.gym import labels as L
 
     return {"label": [*labels, f"{L.OWNER}={L.current_owner()}"]}
+
+
+# -- the local-process provider (tests/unit) ---------------------------------------------------
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def desk_manifest(folder):  # type: ignore[no-untyped-def]
+    """The support-desk image's tools.json, rewritten to run the repository's own copy of the
+    fixture CRM: a ``LocalProvider(manifest=...)`` then offers the image's tools without Docker."""
+    import json
+
+    crm = REPO / "images" / "support-desk" / "crm" / "crm.py"
+    manifest = json.loads((REPO / "images" / "support-desk" / "tools.json").read_text())
+    for spec in manifest["tools"].values():
+        spec["command"] = [str(crm) if part == "/opt/support-desk/crm.py" else part for part in spec["command"]]
+        assert str(crm) in spec["command"], spec["command"]
+    path = folder / "support-desk-tools.json"
+    path.write_text(json.dumps(manifest))
+    return path
+
+
+def _local_listed(provider, kind: str, **labels: str) -> list[tuple[str, dict]]:  # type: ignore[no-untyped-def]
+    import json
+
+    found = []
+    for meta_path in sorted((provider.root / kind).glob("*/meta.json")):
+        meta = json.loads(meta_path.read_text())
+        if all(meta.get("labels", {}).get(k) == v for k, v in labels.items()):
+            found.append((meta_path.parent.name, meta))
+    return found
+
+
+def local_objects(provider, host) -> tuple[list[str], list[str]]:  # type: ignore[no-untyped-def]
+    """The sandboxes and images (their ids) a local provider holds for ``host``, by host label:
+    the local counterpart of listing a host's containers and images on the engine."""
+    from softprobe.gym import labels as L
+
+    sandboxes = [name for name, _ in _local_listed(provider, "sandboxes", **{L.HOST: host.host_id})]
+    images = [name for name, _ in _local_listed(provider, "images", **{L.HOST: host.host_id})]
+    return sandboxes, images
+
+
+def local_image_labels(provider, image_id: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The labels a local provider recorded for one of its images (``local-image:<name>``)."""
+    name = image_id.split(":", 1)[1]
+    (meta,) = [meta for found, meta in _local_listed(provider, "images") if found == name]
+    return meta["labels"]
+
+
+def kill_local_sandbox(provider, episode_id: str) -> None:  # type: ignore[no-untyped-def]
+    """Kill the shim of ``episode_id``'s sandbox from outside (SIGKILL to its process group), as
+    ``docker kill`` does to a container."""
+    import os
+    import signal
+
+    from softprobe.gym import labels as L
+
+    (found,) = _local_listed(provider, "sandboxes", **{L.EPISODE: episode_id, L.OWNER: L.current_owner()})
+    os.killpg(found[1]["pid"], signal.SIGKILL)
+
+
+# -- the example eval suite and its report's screenshot -------------------------------------------
+
+EXAMPLES = REPO / "images" / "support-desk" / "examples"
+# The screenshot README.md shows. The browser test (tests/docker/test_eval.py) saves its own where
+# SOFTPROBE_SCREENSHOT says (never here on its own: this folder is an image's build context).
+README_SCREENSHOT = EXAMPLES / "report.png"
+SCREENSHOT_SIZE = (1200, 1500)
+
+
+def png_size(path) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    import struct
+
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", header[16:24])

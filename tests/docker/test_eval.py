@@ -1,10 +1,10 @@
-"""`softprobe-gym eval`: a suite end to end, resume, interruption, validation, and the report in a browser."""
+"""`softprobe-gym eval` on the engine: a suite end to end, resume, interruption, preflight, and the
+report in a browser. Suite validation and the summary are tested in tests/unit/test_eval_suite.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -14,14 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import owned_by_process
-from softprobe.gym.evals.suite import SuiteError, load_suite
+from helpers import EXAMPLES, SCREENSHOT_SIZE, owned_by_process, png_size
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "images" / "support-desk" / "examples"
-# The screenshot README.md shows. The browser test below saves its own where
-# SOFTPROBE_SCREENSHOT says (never here on its own: this folder is an image's build context).
-README_SCREENSHOT = EXAMPLES / "report.png"
-SCREENSHOT_SIZE = (1200, 1500)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -111,36 +105,7 @@ def test_an_interrupted_run_removes_its_containers_and_writes_partial_results(tm
     assert summary["interrupted"] is True and summary["ran"] == 1 and summary["planned"] == 4
 
 
-def test_suite_errors_point_at_lines(tmp_path):
-    suite = tmp_path / "s.yaml"
-    suite.write_text(
-        "name: x\n"
-        "tasks:\n"
-        "  - id: good\n"
-        "    actions: [{type: terminate}]\n"
-        "  - id: bad!\n"
-        "    actions:\n"
-        "      - {type: teleport}\n"
-        "    checks:\n"
-        "      - {name: c, file_exists: a, no_error: true}\n"
-        "  - id: good\n"
-        "    policy: no-colon\n"
-    )
-    with pytest.raises(SuiteError) as caught:
-        load_suite(suite)
-    message = str(caught.value)
-    assert f"{suite}:5: tasks.1.id" in message
-    assert f"{suite}:7: tasks.1.actions.0" in message and "teleport" in message
-    assert f"{suite}:9: tasks.1.checks.0" in message and "exactly one" in message
-    assert f"{suite}:10: tasks.2" in message and "module:function" in message
-    suite.write_text("tasks: [\n")
-    with pytest.raises(SuiteError, match="s.yaml:2: not valid YAML"):
-        load_suite(suite)
 
-
-def test_the_example_suite_is_valid():
-    suite = load_suite(EXAMPLES / "suite.yaml")
-    assert len(suite.tasks) == 5 and suite.policy(suite.tasks[2])(None, None)["name"] == "crm.list_accounts"
 
 
 @pytest.mark.docker
@@ -173,62 +138,8 @@ def test_the_report_in_a_real_headless_browser(example_run, tmp_path):
         shutil.copyfile(shot, os.environ["SOFTPROBE_SCREENSHOT"])
 
 
-def png_size(path: Path) -> tuple[int, int]:
-    import struct
-
-    header = path.read_bytes()[:24]
-    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
-    return struct.unpack(">II", header[16:24])
 
 
-def test_the_readme_does_not_claim_a_test_makes_its_screenshot():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    shown = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", readme)
-    assert [(README_SCREENSHOT.parents[3] / p).resolve() for p in shown] == [README_SCREENSHOT]
-    assert "screenshot is taken by the project's own headless-Chromium test" not in readme
-    assert "nothing regenerates it" in readme and "SOFTPROBE_SCREENSHOT=path" in readme
-    assert png_size(README_SCREENSHOT) == SCREENSHOT_SIZE  # the size the browser test takes
-
-
-def test_a_repeated_task_id_points_at_the_repeat_not_at_line_1(tmp_path):
-    suite = tmp_path / "dup.yaml"
-    suite.write_text(
-        "name: x\n"
-        "tasks:\n"
-        "  - id: one\n"
-        "    actions: [{type: terminate}]\n"
-        "  - id: two\n"
-        "    actions: [{type: terminate}]\n"
-        "  - id: one\n"
-        "    actions: [{type: terminate}]\n"
-    )
-    with pytest.raises(SuiteError) as caught:
-        load_suite(suite)
-    message = str(caught.value)
-    assert f"{suite}:7: tasks.2.id: task ids must be unique: 'one' is already the id of tasks.0 (line 3)" in message
-    assert f"{suite}:1:" not in message
-
-
-def test_summary_counts_are_disjoint_and_add_up_to_the_plan():
-    from softprobe.gym.evals.runner import TaskResult, _summary
-    from softprobe.gym.evals.suite import Suite
-
-    def result(task_id: str, passed: bool, error: str | None) -> TaskResult:
-        status = "succeeded" if error is None else "subject_error"
-        return TaskResult(id=task_id, status=status, passed=passed, score=(1.0 if passed else 0.0) if error is None else None,
-                          reason="", error=error,
-                          reward_total=0.0, rewards=[], steps=1, duration_ms=1.0, trajectory_digest=None,
-                          source_trace_id=None, artifacts=None, assertions=[])
-
-    suite = Suite.model_validate({"tasks": [{"id": "t", "actions": []}]})
-    results = [result("ok", True, None), result("wrong", False, None), result("crashed", False, "SandboxError: gone"),
-               result("bad-assertion", False, "unknown assertion type")]
-    summary = _summary(suite, results, 6, 1.0, True, "native")
-    counts = {k: summary[k] for k in ("planned", "ran", "passed", "failed", "errored", "skipped")}
-    assert counts == {"planned": 6, "ran": 4, "passed": 1, "failed": 1, "errored": 2, "skipped": 2}
-    assert summary["status_counts"]["succeeded"] == 2 and summary["status_counts"]["subject_error"] == 2
-    assert counts["passed"] + counts["failed"] + counts["errored"] + counts["skipped"] == counts["planned"]
-    assert summary["pass_rate"] == 0.25
 
 
 @pytest.mark.docker

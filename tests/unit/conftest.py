@@ -1,21 +1,40 @@
 """The unit tier: no Docker engine, no Node. Hosts here run on the local-process provider, so
-the episode API, training and evals above the provider seam are tested in milliseconds."""
+the episode API, training and evals above the provider seam are tested in milliseconds.
+
+Every local provider a unit test makes is rooted in a folder directly under the test's
+``tmp_path``; after each test none of them may hold a sandbox or an image (a checkpoint)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from helpers import desk_manifest
 from softprobe.gym import HostEnvironment, create_host_environment
 from softprobe.gym.providers.local import LocalProvider
+
+
+@pytest.fixture(autouse=True)
+def no_local_leftovers(tmp_path: Path) -> Iterator[None]:
+    """After the test (and its fixtures' teardown), no local sandbox or image remains."""
+    yield
+    left = sorted(str(p.relative_to(tmp_path)) for kind in ("sandboxes", "images") for p in tmp_path.glob(f"*/{kind}/*"))
+    assert not left, f"the test left local sandboxes or images behind: {left}"
 
 
 @pytest.fixture
 def local_provider(tmp_path: Path) -> LocalProvider:
     """A local-process provider with its own private root under the test's folder."""
     return LocalProvider(root=tmp_path / "local-root")
+
+
+@pytest.fixture
+def desk_provider(tmp_path: Path) -> LocalProvider:
+    """A local-process provider offering the support-desk image's tools (``crm.*``), run from
+    the repository's copy of the fixture CRM."""
+    return LocalProvider(root=tmp_path / "desk-root", manifest=desk_manifest(tmp_path))
 
 
 @pytest.fixture
@@ -28,4 +47,18 @@ async def host(tmp_path: Path, seed_root: Path, local_provider: LocalProvider) -
     finally:
         await env.close()
         left = list((local_provider.root / "sandboxes").glob("*"))
+        assert not left, f"host left sandboxes behind: {left}"
+
+
+@pytest.fixture
+async def desk_host(tmp_path: Path, seed_root: Path, desk_provider: LocalProvider) -> AsyncIterator[HostEnvironment]:
+    """Like ``host``, with the support-desk tools: the unit counterpart of a host on the
+    support-desk image."""
+    env = create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=desk_provider,
+                                  tool_timeout_s=20)
+    try:
+        yield env
+    finally:
+        await env.close()
+        left = list((desk_provider.root / "sandboxes").glob("*"))
         assert not left, f"host left sandboxes behind: {left}"

@@ -10,6 +10,7 @@ A failing check raises :class:`ProviderCheckError` saying what was expected and 
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -147,12 +148,21 @@ async def check_exec_output_and_exit_code(provider: Provider, tmp: Path) -> None
 async def check_exec_timeout(provider: Provider, tmp: Path) -> None:
     """A command past its timeout is killed with what it started; the sandbox goes on."""
     async with _started(provider, _spec(tmp)) as runtime:
+        # Durations no other process has (a provider without a PID namespace sees the machine's),
+        # counted from /proc (images need not have ps) with a pattern that does not match its
+        # own text (the [x] trick), so grep never counts itself.
+        head, tail = f"{600 + secrets.randbelow(300)}.{secrets.randbelow(1000):03d}", f"{secrets.randbelow(1000):03d}"
         started = time.perf_counter()
-        result = await _call(runtime, "shell.exec", timeout_s=1.0, command="sleep 60 & sleep 61")
+        result = await _call(runtime, "shell.exec", timeout_s=1.0, command=f"sleep {head}{tail} & sleep {head}{tail}")
         _expect(result.error is not None and result.error.type == "timeout", f"timeout: {result}")
         _expect(time.perf_counter() - started < 20, "the timeout was not enforced promptly")
-        after = await _call(runtime, "shell.exec", command="ps -eo args 2>/dev/null | grep -c '[s]leep 6' || true")
-        _expect(after.observation.strip() in ("0", ""), f"survivors: {after.observation!r}")
+        pattern = head.replace(".", "\\.") + f"[{tail[0]}]{tail[1:]}"
+        count = f"grep -la '{pattern}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l"
+        after = await _call(runtime, "shell.exec", command=count)
+        _expect(after.observation.strip() == "0", f"{after.observation.strip()} processes survived the timeout")
+        # The count sees a live one (so "0" above is not an empty /proc or a wrong pattern).
+        probe = await _call(runtime, "shell.exec", command=f"h={head}; t={tail}; sleep $h$t & {count}; kill $!")
+        _expect(probe.observation.strip() == "1", f"the survivor count does not work here: {probe.observation!r}")
 
 
 async def check_output_cap(provider: Provider, tmp: Path) -> None:

@@ -1,25 +1,22 @@
-"""The warm pool, many episodes at once, and the bound on containers."""
+"""The warm pool, many episodes at once, and the bound on sandboxes (on the local provider)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
-import pytest
-
-from helpers import SUPPORT_DESK, host_containers, tool
+from helpers import local_objects, tool
 from softprobe.gym import create_host_environment
 
-pytestmark = pytest.mark.docker
 
-
-async def test_pooled_resets_are_fresh_seeded_and_never_reused(tmp_path, seed_root, docker_engine):
-    async with create_host_environment(run_root=tmp_path / "cold", seed_root=seed_root, image=SUPPORT_DESK) as cold:
+async def test_pooled_resets_are_fresh_seeded_and_never_reused(tmp_path, seed_root, local_provider):
+    async with create_host_environment(run_root=tmp_path / "cold", seed_root=seed_root, provider=local_provider) as cold:
         await cold.create_episode(episode_id="c")
         cold_digest = (await cold.reset(episode_id="c")).diagnostics["workspace_digest"]
-    host = create_host_environment(run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK, pool_size=2)
+    host = create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider, pool_size=2)
     try:
         await host.warm_up()
-        assert host.pool.ready == 2 and len(host_containers(host)) == 2
+        assert host.pool.ready == 2 and len(local_objects(local_provider, host)[0]) == 2
         used = set()
         for i in range(3):
             await host.create_episode(episode_id=f"e{i}")
@@ -38,40 +35,54 @@ async def test_pooled_resets_are_fresh_seeded_and_never_reused(tmp_path, seed_ro
         assert host.pool.started == 2 + 3
     finally:
         await host.close()
-    assert host_containers(host) == []  # pool containers included
+    assert local_objects(local_provider, host) == ([], [])  # pool sandboxes included
 
 
-async def test_a_slow_step_never_delays_another_episode(tmp_path, seed_root, docker_engine):
-    async with create_host_environment(run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK) as host:
-        for name in ("slow", "fast"):
+async def test_a_blocked_step_never_delays_another_episode(tmp_path, seed_root, local_provider):
+    gate = tmp_path / "gate"  # outside every workspace; the local sandbox's commands reach it
+    os.mkfifo(gate)
+    async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider) as host:
+        for name in ("blocked", "fast"):
             await host.create_episode(episode_id=name)
             await host.reset(episode_id=name)
-        slow = asyncio.create_task(host.step(episode_id="slow", action=tool("shell.exec", command="sleep 3")))
+        blocked = asyncio.create_task(
+            host.step(episode_id="blocked", action=tool("shell.exec", command=f"read line < {gate}; echo got $line"))
+        )
         for _ in range(20):
             result = await host.step(episode_id="fast", action=tool("fs.read", path="hello.txt"))
             assert result.error is None
-        assert not slow.done(), "20 quick steps should finish while the other episode sleeps"
-        assert (await slow).error is None
+        # The blocked step cannot finish before the gate opens, so the 20 steps ran beside it.
+        assert not blocked.done()
+
+        def open_gate() -> None:
+            with open(gate, "w") as writer:  # waits for the reader, then lets it go
+                writer.write("go\n")
+
+        await asyncio.to_thread(open_gate)
+        done = await blocked
+        assert done.error is None and done.observation == "got go\n"
 
 
-async def test_max_containers_bounds_episodes_holding_a_container(tmp_path, docker_engine):
-    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, max_containers=2) as host:
+async def test_max_containers_bounds_episodes_holding_a_sandbox(tmp_path, local_provider):
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider, max_containers=2) as host:
         for name in ("a", "b", "c"):
             await host.create_episode(episode_id=name)
         await host.reset(episode_id="a")
         await host.reset(episode_id="b")
         third = asyncio.create_task(host.reset(episode_id="c"))
-        await asyncio.sleep(0)
-        assert host.held_slots == 2 and not third.done()
-        assert len(host_containers(host)) == 2
         await host.reset(episode_id="a")  # a reset keeps its slot: no deadlock
+        # No slot was released, so the third reset is still waiting (however long a reset took).
+        assert host.held_slots == 2 and not third.done()
+        await host.settle()  # a's old sandbox is removed in the background
+        assert len(local_objects(local_provider, host)[0]) == 2  # none started for c
         await host.finalize(episode_id="b")  # releases one
         await asyncio.wait_for(third, 60)
-        assert len(host_containers(host)) == 2
+        await host.settle()
+        assert len(local_objects(local_provider, host)[0]) == 2
 
 
-async def test_many_episodes_step_concurrently(tmp_path, seed_root, docker_engine):
-    async with create_host_environment(run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK) as host:
+async def test_many_episodes_step_concurrently(tmp_path, seed_root, local_provider):
+    async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider) as host:
         names = [f"p{i}" for i in range(8)]
         await asyncio.gather(*(host.create_episode(episode_id=n) for n in names))
         await asyncio.gather(*(host.reset(episode_id=n) for n in names))

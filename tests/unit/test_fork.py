@@ -1,13 +1,13 @@
-"""Checkpoint and fork: two legal paths, gated by declared capabilities, verified by digest."""
+"""Checkpoint and fork: two legal paths, gated by declared capabilities, verified by digest (on
+the local provider, which commits a workspace as a checkpoint image)."""
 
 from __future__ import annotations
 
 import json
 
-import docker
 import pytest
 
-from helpers import SUPPORT_DESK, ready, tool
+from helpers import local_objects, ready, tool
 from softprobe.gym import (
     EpisodeExistsError,
     EpisodeNotFoundError,
@@ -20,9 +20,6 @@ from softprobe.gym import (
     create_host_environment,
     create_training_session,
 )
-from softprobe.gym import labels as L
-
-pytestmark = pytest.mark.docker
 ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
 
 
@@ -55,13 +52,14 @@ class StepCounter:
         return {}
 
 
-def labelled(client: docker.DockerClient, host) -> tuple[int, int]:
-    containers = client.containers.list(all=True, filters={"label": f"{L.HOST}={host.host_id}"})
-    images = client.images.list(filters={"label": f"{L.HOST}={host.host_id}"})
-    return len(containers), len(images)
+def labelled(provider, host) -> tuple[int, int]:
+    """How many sandboxes and images the provider holds for ``host``."""
+    sandboxes, images = local_objects(provider, host)
+    return len(sandboxes), len(images)
 
 
-async def test_section_2_as_written(host):
+async def test_section_2_as_written(desk_host):
+    host = desk_host
     episode_id = await ready(host, "ep-support-1")
     await host.step(episode_id=episode_id, action={"type": "tool", "name": "crm.get_account", "args": {"id": "A-42"}})
     ckpt = await host.checkpoint(episode_id=episode_id)
@@ -73,11 +71,11 @@ async def test_section_2_as_written(host):
     assert child.lineage.workspace_digest == ckpt.workspace_digest
 
 
-async def test_checkpoint_import_restores_world_and_subject_without_rerunning(tmp_path, seed_root, docker_engine):
+async def test_checkpoint_import_restores_world_and_subject_without_rerunning(tmp_path, seed_root, local_provider):
     subject = Subject()
     counter = StepCounter(subject)
     async with create_host_environment(
-        run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK, capabilities=ALL_CAPS,
+        run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider, capabilities=ALL_CAPS,
         subject=subject, on_step=counter,
     ) as host:
         parent = await ready(host, "parent")
@@ -112,9 +110,9 @@ async def test_checkpoint_import_restores_world_and_subject_without_rerunning(tm
         assert still.observation == "A"
 
 
-async def test_prefix_reexecution_replays_n_actions_and_matches_the_parent_digest(tmp_path, seed_root, docker_engine):
+async def test_prefix_reexecution_replays_n_actions_and_matches_the_parent_digest(tmp_path, seed_root, local_provider):
     counter = StepCounter()
-    async with create_host_environment(run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK, on_step=counter) as host:
+    async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider, on_step=counter) as host:
         parent = await ready(host, "parent")
         digests = []
         for i in range(4):
@@ -132,22 +130,20 @@ async def test_prefix_reexecution_replays_n_actions_and_matches_the_parent_diges
         assert "f2.txt" not in {e["name"] for e in listing.observation}
 
 
-async def test_a_nondeterministic_tool_is_caught_as_divergence_and_the_child_removed(host):
-    client = docker.from_env()
+async def test_a_nondeterministic_tool_is_caught_as_divergence_and_the_child_removed(host, local_provider):
     parent = await ready(host, "parent")
     await host.step(episode_id=parent, action=tool("fs.write", path="fixed.txt", content="same"))
     await host.step(episode_id=parent, action=tool("shell.exec", command="head -c 16 /dev/urandom > random.bin"))
-    before = labelled(client, host)
+    before = labelled(local_provider, host)
     with pytest.raises(ReplayDivergenceError) as caught:
         await host.fork(episode_id=parent, path="prefix_reexecution", prefix_length=2, child_episode_id="doomed")
     err = caught.value
     assert err.step == 2 and err.expected_digest != err.actual_digest
     assert err.expected_digest in str(err) and err.actual_digest in str(err) and "step 2" in str(err)
-    assert labelled(client, host) == before
+    assert labelled(local_provider, host) == before
     with pytest.raises(EpisodeNotFoundError):
         host.state(episode_id="doomed")
     assert not (host.run_root / "episodes" / "doomed").exists()
-    client.close()
 
 
 async def test_strict_mode_also_compares_observations(host):
@@ -159,15 +155,14 @@ async def test_strict_mode_also_compares_observations(host):
         await host.fork(episode_id=parent, path="prefix_reexecution", prefix_length=1, strict=True)
 
 
-async def test_refusals_happen_before_any_container_or_image_is_made(host):
-    client = docker.from_env()
+async def test_refusals_happen_before_any_sandbox_or_image_is_made(host, local_provider):
     parent = await ready(host, "parent")
     await host.step(episode_id=parent, action=tool("fs.write", path="a", content="a"))
     ckpt = await host.checkpoint(episode_id=parent)
     other = await ready(host, "other")
     other_ckpt = await host.checkpoint(episode_id=other)
     await host.create_episode(episode_id="taken")
-    before = labelled(client, host)
+    before = labelled(local_provider, host)
     refusals = [
         (dict(path="teleport"), UnsupportedForkError, "not legal"),
         (dict(path="restore_and_replay", prefix_length=1), UnsupportedForkError, "not legal"),
@@ -182,20 +177,18 @@ async def test_refusals_happen_before_any_container_or_image_is_made(host):
     for kwargs, error, message in refusals:
         with pytest.raises(error, match=message):
             await host.fork(episode_id=parent, **kwargs)
-    assert labelled(client, host) == before
+    assert labelled(local_provider, host) == before
     assert isinstance(ForkRequestError("x"), UnsupportedForkError)
     del other_ckpt
-    client.close()
 
 
-async def test_checkpoint_import_refusals_with_every_capability(tmp_path, docker_engine):
+async def test_checkpoint_import_refusals_with_every_capability(tmp_path, local_provider):
     async with create_host_environment(
-        run_root=tmp_path, image=SUPPORT_DESK, capabilities=ALL_CAPS, subject=Subject()
+        run_root=tmp_path / "run", provider=local_provider, capabilities=ALL_CAPS, subject=Subject()
     ) as host:
-        client = docker.from_env()
         parent, other = await ready(host, "parent"), await ready(host, "other")
         other_ckpt = await host.checkpoint(episode_id=other)
-        before = labelled(client, host)
+        before = labelled(local_provider, host)
         for kwargs, message in [
             (dict(), "checkpoint_id"),
             (dict(checkpoint_id="ckpt-nope"), "is not one"),
@@ -204,32 +197,30 @@ async def test_checkpoint_import_refusals_with_every_capability(tmp_path, docker
         ]:
             with pytest.raises(ForkRequestError, match=message):
                 await host.fork(episode_id=parent, path="checkpoint_import", **kwargs)
-        assert labelled(client, host) == before
-        client.close()
+        assert labelled(local_provider, host) == before
 
 
-async def test_undeclared_prefix_reexecution_is_refused(tmp_path, docker_engine):
+async def test_undeclared_prefix_reexecution_is_refused(tmp_path, local_provider):
     caps = {"deterministic_prefix_reexecution": False}
-    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, capabilities=caps) as host:
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider, capabilities=caps) as host:
         parent = await ready(host)
         with pytest.raises(UnsupportedForkError, match="does not declare deterministic_prefix_reexecution"):
             await host.fork(episode_id=parent, path="prefix_reexecution", prefix_length=0)
 
 
-async def test_checkpoint_images_go_with_their_last_user(tmp_path, docker_engine):
+async def test_checkpoint_images_go_with_their_last_user(tmp_path, local_provider):
     async with create_host_environment(
-        run_root=tmp_path, image=SUPPORT_DESK, capabilities=ALL_CAPS, subject=Subject()
+        run_root=tmp_path / "run", provider=local_provider, capabilities=ALL_CAPS, subject=Subject()
     ) as host:
-        client = docker.from_env()
         parent = await ready(host, "parent")
         ckpt = await host.checkpoint(episode_id=parent)
+        assert local_objects(local_provider, host)[1] != []
         child = await host.fork(episode_id=parent, path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)
         await host.destroy(episode_id=parent, cleanup=True)
-        client.images.get(ckpt.image_id)  # the child still runs from it
+        assert await local_provider.resolve_image(ckpt.image_id) == ckpt.image_id  # the child still runs from it
         await host.destroy(episode_id=child.episode_id, cleanup=True)
-        with pytest.raises(docker.errors.ImageNotFound):
-            client.images.get(ckpt.image_id)
-        client.close()
+        assert await local_provider.resolve_image(ckpt.image_id) is None
+        assert local_objects(local_provider, host) == ([], [])
 
 
 async def test_check_host_passes_on_the_default_host(host):
@@ -243,9 +234,9 @@ async def test_check_host_passes_on_the_default_host(host):
     assert not any((host.run_root / "episodes").glob("check-*"))
 
 
-async def test_check_host_with_every_capability(tmp_path, docker_engine):
+async def test_check_host_with_every_capability(tmp_path, local_provider):
     async with create_host_environment(
-        run_root=tmp_path, image=SUPPORT_DESK, capabilities=ALL_CAPS, subject=Subject()
+        run_root=tmp_path / "run", provider=local_provider, capabilities=ALL_CAPS, subject=Subject()
     ) as host:
         report = await check_host(host)
         assert report.passed, str(report)
@@ -262,11 +253,11 @@ async def test_check_host_reports_a_wrong_declaration(host):
     assert "FAIL" in str(report)
 
 
-async def test_a_fork_starts_from_the_parents_own_seed_and_keeps_its_step_limit(tmp_path, seed_root, docker_engine):
+async def test_a_fork_starts_from_the_parents_own_seed_and_keeps_its_step_limit(tmp_path, seed_root, local_provider):
     own_seed = tmp_path / "own-seed"
     own_seed.mkdir()
     (own_seed / "ticket.md").write_text("the parent's own seed, not the host's\n")
-    async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, image=SUPPORT_DESK) as host:
+    async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider) as host:
         await host.create_episode(episode_id="parent", seed_root=own_seed, max_steps=3)
         await host.reset(episode_id="parent")
         await host.step(episode_id="parent", action=tool("fs.write", path="note.md", content="x"))
@@ -302,22 +293,20 @@ class BrokenSubject(Subject):
         await super().import_state(episode_id, state)
 
 
-async def test_a_failing_subject_export_commits_nothing_and_raises_a_typed_error(tmp_path, seed_root, docker_engine):
-    client = docker.from_env()
-    async with create_host_environment(run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK,
+async def test_a_failing_subject_export_commits_nothing_and_raises_a_typed_error(tmp_path, seed_root, local_provider):
+    async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider,
                                        capabilities=ALL_CAPS, subject=BrokenSubject("export")) as host:
         episode_id = await ready(host, "parent")
         with pytest.raises(SubjectStateError, match="export_state raised RuntimeError: the agent's memory store is down"):
             await host.checkpoint(episode_id=episode_id)
-        assert client.images.list(filters={"label": f"{L.HOST}={host.host_id}"}) == []
+        assert local_objects(local_provider, host)[1] == []
         assert not (host.run_root / "episodes" / episode_id / "checkpoints").exists()
         still = await host.step(episode_id=episode_id, action=tool("fs.read", path="hello.txt"))
         assert still.error is None
-    client.close()
 
 
-async def test_a_failing_subject_import_removes_the_child_and_raises_a_typed_error(tmp_path, seed_root, docker_engine):
-    async with create_host_environment(run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK,
+async def test_a_failing_subject_import_removes_the_child_and_raises_a_typed_error(tmp_path, seed_root, local_provider):
+    async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider,
                                        capabilities=ALL_CAPS, subject=BrokenSubject("import")) as host:
         episode_id = await ready(host, "parent")
         ckpt = await host.checkpoint(episode_id=episode_id)

@@ -1,14 +1,14 @@
-"""on_step hooks, finalize artifacts, checkpoints, and a container that dies under the host."""
+"""on_step hooks, finalize artifacts, checkpoints, and a sandbox that dies under the host (on the
+local provider; killing a sandbox from outside is killing its shim's process group)."""
 
 from __future__ import annotations
 
 import json
 import re
 
-import docker
 import pytest
 
-from helpers import SUPPORT_DESK, ready, this_process, tool
+from helpers import kill_local_sandbox, local_image_labels, local_objects, ready, tool
 from softprobe.gym import (
     CapabilityError,
     EpisodeBrokenError,
@@ -18,10 +18,8 @@ from softprobe.gym import (
 )
 from softprobe.gym import labels as L
 
-pytestmark = pytest.mark.docker
 
-
-async def test_on_step_sees_the_workspace_and_adds_diagnostics(tmp_path, seed_root, docker_engine):
+async def test_on_step_sees_the_workspace_and_adds_diagnostics(tmp_path, seed_root, local_provider):
     seen = []
 
     async def has_note(ctx):
@@ -30,7 +28,7 @@ async def test_on_step_sees_the_workspace_and_adds_diagnostics(tmp_path, seed_ro
         return {"workspace_had_note": await ctx.exists("note.md"), "note": note}
 
     async with create_host_environment(
-        run_root=tmp_path, seed_root=seed_root, image=SUPPORT_DESK, on_step=has_note
+        run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider, on_step=has_note
     ) as host:
         episode_id = await ready(host)
         before = await host.step(episode_id=episode_id, action=tool("fs.list"))
@@ -41,7 +39,7 @@ async def test_on_step_sees_the_workspace_and_adds_diagnostics(tmp_path, seed_ro
         assert seen == [(episode_id, "tool", 1), (episode_id, "tool", 2)]
 
 
-async def test_a_sync_hook_works_and_a_raising_hook_keeps_the_step(tmp_path, docker_engine):
+async def test_a_sync_hook_works_and_a_raising_hook_keeps_the_step(tmp_path, local_provider):
     calls = []
 
     def hook(ctx):
@@ -50,7 +48,7 @@ async def test_a_sync_hook_works_and_a_raising_hook_keeps_the_step(tmp_path, doc
             raise RuntimeError("hook bug")
         return {"sync": True}
 
-    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, on_step=hook) as host:
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider, on_step=hook) as host:
         episode_id = await ready(host)
         first = await host.step(episode_id=episode_id, action=tool("fs.list"))
         assert first.diagnostics["sync"] is True
@@ -62,7 +60,8 @@ async def test_a_sync_hook_works_and_a_raising_hook_keeps_the_step(tmp_path, doc
         assert third.observation == "1" and calls == [1, 2, 3]
 
 
-async def test_finalize_writes_trajectory_result_and_the_final_workspace(host):
+async def test_finalize_writes_trajectory_result_and_the_final_workspace(desk_host):
+    host = desk_host
     episode_id = await ready(host)
     await host.step(episode_id=episode_id, action=tool("crm.get_account", id="A-42"))
     await host.step(episode_id=episode_id, action=tool("fs.write", path="refund-note.md", content="refund A-42"))
@@ -86,41 +85,33 @@ async def test_finalize_writes_trajectory_result_and_the_final_workspace(host):
     assert record["state"] == "finalized" and record["container_id"] is None
 
 
-async def test_checkpoint_commits_a_labelled_image_and_records_it(host):
+async def test_checkpoint_commits_a_labelled_image_and_records_it(host, local_provider):
     episode_id = await ready(host)
     step = await host.step(episode_id=episode_id, action=tool("fs.write", path="a.txt", content="a"))
     checkpoint = await host.checkpoint(episode_id=episode_id)
     assert checkpoint.step_index == 1
     assert checkpoint.workspace_digest == step.diagnostics["workspace_digest"]
-    client = docker.from_env()
-    image = client.images.get(checkpoint.image_id)
-    assert image.labels[L.CHECKPOINT] == checkpoint.checkpoint_id
-    assert image.labels[L.OWNER] == L.current_owner()
+    labels = local_image_labels(local_provider, checkpoint.image_id)
+    assert labels[L.CHECKPOINT] == checkpoint.checkpoint_id
+    assert labels[L.OWNER] == L.current_owner() and labels[L.HOST] == host.host_id
     saved = host.run_root / "episodes" / episode_id / "checkpoints" / f"{checkpoint.checkpoint_id}.json"
     assert json.loads(saved.read_text())["image_id"] == checkpoint.image_id
     await host.destroy(episode_id=episode_id)
-    with pytest.raises(docker.errors.ImageNotFound):
-        client.images.get(checkpoint.image_id)
-    client.close()
+    assert await local_provider.resolve_image(checkpoint.image_id) is None
 
 
-async def test_checkpoint_without_the_capability_commits_nothing(tmp_path, docker_engine):
+async def test_checkpoint_without_the_capability_commits_nothing(tmp_path, local_provider):
     caps = {"environment_checkpoint": False}
-    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, capabilities=caps) as host:
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider, capabilities=caps) as host:
         episode_id = await ready(host)
-        client = docker.from_env()
         with pytest.raises(CapabilityError, match="environment_checkpoint"):
             await host.checkpoint(episode_id=episode_id)
-        assert client.images.list(filters={"label": f"{L.HOST}={host.host_id}"}) == []
-        client.close()
+        assert local_objects(local_provider, host)[1] == []
 
 
-async def test_a_container_killed_from_outside_breaks_the_episode_until_reset(host):
+async def test_a_sandbox_killed_from_outside_breaks_the_episode_until_reset(host, local_provider):
     episode_id = await ready(host)
-    client = docker.from_env()
-    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={episode_id}"))
-    container.kill()
-    client.close()
+    kill_local_sandbox(local_provider, episode_id)
     with pytest.raises(EpisodeBrokenError, match="reset"):
         await host.step(episode_id=episode_id, action=tool("fs.list"))
     with pytest.raises(EpisodeBrokenError):
@@ -130,13 +121,10 @@ async def test_a_container_killed_from_outside_breaks_the_episode_until_reset(ho
     assert result.error is None
 
 
-async def test_other_episodes_keep_working_when_one_breaks(host):
+async def test_other_episodes_keep_working_when_one_breaks(host, local_provider):
     doomed = await ready(host, "doomed")
     healthy = await ready(host, "healthy")
-    client = docker.from_env()
-    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={doomed}"))
-    container.kill()
-    client.close()
+    kill_local_sandbox(local_provider, doomed)
     with pytest.raises(EpisodeBrokenError):
         await host.step(episode_id=doomed, action=tool("fs.list"))
     ok = await host.step(episode_id=healthy, action=tool("fs.read", path="hello.txt"))
@@ -160,13 +148,10 @@ async def test_every_episode_has_a_trace_id_on_each_step_and_in_its_result(host)
     assert json.loads(done.result_path.read_text())["source_trace_id"] == again.source_trace_id
 
 
-async def test_a_broken_episode_is_finalized_with_what_the_host_knows(host):
+async def test_a_broken_episode_is_finalized_with_what_the_host_knows(host, local_provider):
     episode_id = await ready(host, "doomed")
     await host.step(episode_id=episode_id, action=tool("fs.write", path="a.txt", content="A"))
-    client = docker.from_env()
-    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={episode_id}"))
-    container.kill()
-    client.close()
+    kill_local_sandbox(local_provider, episode_id)
     with pytest.raises(EpisodeBrokenError) as caught:
         await host.step(episode_id=episode_id, action=tool("fs.list"))
     done = await host.finalize(episode_id=episode_id)
@@ -179,14 +164,11 @@ async def test_a_broken_episode_is_finalized_with_what_the_host_knows(host):
     assert host.state(episode_id=episode_id).value == "finalized"
 
 
-async def test_a_container_that_died_after_its_last_step_is_finalized_as_broken(host):
+async def test_a_sandbox_that_died_after_its_last_step_is_finalized_as_broken(host, local_provider):
     """No step noticed the death: finalize itself finds it and still writes result.json."""
     episode_id = await ready(host, "quietly-dead")
     await host.step(episode_id=episode_id, action=tool("fs.write", path="a.txt", content="A"))
-    client = docker.from_env()
-    (container,) = client.containers.list(filters=this_process(f"{L.EPISODE}={episode_id}"))
-    container.kill()
-    client.close()
+    kill_local_sandbox(local_provider, episode_id)
     done = await host.finalize(episode_id=episode_id)
     assert done.broken and done.workspace_path is None and done.steps == 1
     assert json.loads(done.result_path.read_text())["broken"] == done.broken

@@ -1,21 +1,18 @@
-"""The episode state machine, on the real engine."""
+"""The episode state machine and the host's configuration, on the local-process provider."""
 
 from __future__ import annotations
 
 import pytest
 
-from helpers import SUPPORT_DESK, host_containers, ready, tool
+from helpers import local_objects, ready, tool
 from softprobe.gym import (
     ConfigurationError,
     EpisodeExistsError,
     EpisodeNotFoundError,
     EpisodeState,
-    ImageNotFoundError,
     LifecycleError,
     create_host_environment,
 )
-
-pytestmark = pytest.mark.docker
 
 
 async def test_calls_out_of_order_raise_and_change_nothing(host):
@@ -65,26 +62,28 @@ async def test_episode_ids_are_generated_when_omitted(host):
     assert first.episode_dir.is_dir()
 
 
-async def test_reset_of_a_running_episode_starts_a_fresh_container_from_the_seed(host):
+async def test_reset_of_a_running_episode_starts_a_fresh_sandbox_from_the_seed(host, local_provider):
     episode_id = await ready(host)
-    first_container = host_containers(host)[0].id
+    (first_sandbox,), _ = local_objects(local_provider, host)
+    assert host.runtime_of(episode_id=episode_id).sandbox_id == first_sandbox
     await host.step(episode_id=episode_id, action=tool("fs.write", path="scratch.txt", content="x"))
     again = await host.reset(episode_id=episode_id)
     assert "scratch.txt" not in again.observation["workspace_files"]
-    await host.settle()  # the old container is removed in the background
-    ids = [c.id for c in host_containers(host)]
-    assert ids and first_container not in ids and len(ids) == 1
+    await host.settle()  # the old sandbox is removed in the background
+    ids, _ = local_objects(local_provider, host)
+    assert ids and first_sandbox not in ids and len(ids) == 1
+    assert host.runtime_of(episode_id=episode_id).sandbox_id == ids[0]
     assert host.trajectory(episode_id=episode_id) == []
     step = await host.step(episode_id=episode_id, action=tool("fs.list"))
     assert step.index == 1
 
 
-async def test_destroy_is_idempotent_and_removes_the_container(host):
+async def test_destroy_is_idempotent_and_removes_the_sandbox(host, local_provider):
     episode_id = await ready(host)
-    assert len(host_containers(host)) == 1
+    assert len(local_objects(local_provider, host)[0]) == 1
     await host.destroy(episode_id=episode_id)
     await host.destroy(episode_id=episode_id)
-    assert host_containers(host) == []
+    assert local_objects(local_provider, host) == ([], [])
     assert host.state(episode_id=episode_id) is EpisodeState.DESTROYED
     with pytest.raises(EpisodeNotFoundError):
         await host.destroy(episode_id="never-created")
@@ -97,26 +96,27 @@ async def test_destroy_with_cleanup_deletes_the_episode_folder(host):
     assert not handle_dir.exists()
 
 
-async def test_close_destroys_every_episode_and_is_idempotent(tmp_path, docker_engine):
-    host = create_host_environment(run_root=tmp_path, image=SUPPORT_DESK)
+async def test_close_destroys_every_episode_and_is_idempotent(tmp_path, local_provider):
+    host = create_host_environment(run_root=tmp_path / "run", provider=local_provider)
     for i in range(3):
         await ready(host, f"ep-{i}")
-    assert len(host_containers(host)) == 3
+    assert len(local_objects(local_provider, host)[0]) == 3
     await host.close()
     await host.close()
-    assert host_containers(host) == []
+    assert local_objects(local_provider, host) == ([], [])
     with pytest.raises(LifecycleError, match="closed"):
         await host.create_episode()
 
 
-async def test_async_with_closes_the_host(tmp_path, docker_engine):
-    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK) as host:
+async def test_async_with_closes_the_host(tmp_path, local_provider):
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider) as host:
         await ready(host)
-    assert host_containers(host) == []
+        assert len(local_objects(local_provider, host)[0]) == 1
+    assert local_objects(local_provider, host) == ([], [])
 
 
-async def test_max_steps_truncates_the_episode(tmp_path, docker_engine):
-    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, max_steps=2) as host:
+async def test_max_steps_truncates_the_episode(tmp_path, local_provider):
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider, max_steps=2) as host:
         episode_id = await ready(host)
         first = await host.step(episode_id=episode_id, action=tool("fs.list"))
         second = await host.step(episode_id=episode_id, action=tool("fs.list"))
@@ -124,23 +124,15 @@ async def test_max_steps_truncates_the_episode(tmp_path, docker_engine):
         assert host.state(episode_id=episode_id) is EpisodeState.TERMINATED
 
 
-async def test_a_missing_image_is_a_typed_error_that_says_how_to_build_it(tmp_path, docker_engine):
-    async with create_host_environment(run_root=tmp_path, image="softprobe/absent:never") as host:
-        await host.create_episode(episode_id="ep")
-        with pytest.raises(ImageNotFoundError, match="softprobe-gym images build"):
-            await host.reset(episode_id="ep")
-        assert host.state(episode_id="ep") is EpisodeState.CREATED
-
-
-def test_bad_host_configuration_is_refused_up_front(tmp_path):
+def test_bad_host_configuration_is_refused_up_front(tmp_path, local_provider):
     with pytest.raises(ConfigurationError, match="not a directory"):
-        create_host_environment(run_root=tmp_path, seed_root=tmp_path / "missing")
+        create_host_environment(run_root=tmp_path, seed_root=tmp_path / "missing", provider=local_provider)
     with pytest.raises(ConfigurationError, match="subject"):
-        create_host_environment(run_root=tmp_path, capabilities={"subject_state_import": True})
+        create_host_environment(run_root=tmp_path, capabilities={"subject_state_import": True}, provider=local_provider)
     with pytest.raises(ConfigurationError, match="capabilit|Extra inputs"):
-        create_host_environment(run_root=tmp_path, capabilities={"teleport": True})
+        create_host_environment(run_root=tmp_path, capabilities={"teleport": True}, provider=local_provider)
     with pytest.raises(ConfigurationError, match="memory"):
-        create_host_environment(run_root=tmp_path, container={"memory": 10})
+        create_host_environment(run_root=tmp_path, container={"memory": 10}, provider=local_provider)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +150,7 @@ def test_bad_host_configuration_is_refused_up_front(tmp_path):
         ("workspace_tracking", "mmap", "workspace_tracking: Input should be 'inotify' or 'scan'"),
     ],
 )
-def test_a_wrong_typed_option_is_a_configuration_error_naming_it(tmp_path, option, value, message):
+def test_a_wrong_typed_option_is_a_configuration_error_naming_it(tmp_path, local_provider, option, value, message):
     with pytest.raises(ConfigurationError) as caught:
-        create_host_environment(run_root=tmp_path, **{option: value})
+        create_host_environment(run_root=tmp_path, provider=local_provider, **{option: value})
     assert message in str(caught.value)

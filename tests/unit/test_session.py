@@ -1,4 +1,5 @@
-"""Training sessions: rollouts as event streams, rewards from facts, finished results."""
+"""Training sessions: rollouts as event streams, rewards from facts, finished results (on the
+local provider with the support-desk tools)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 
 import pytest
 
-from helpers import SUPPORT_DESK, tool
+from helpers import tool
 from softprobe.gym import (
     RewardComponent,
     LifecycleError,
@@ -17,9 +18,6 @@ from softprobe.gym import (
     map_reward_components,
     rollout_to_promptfoo_input,
 )
-
-pytestmark = pytest.mark.docker
-
 
 async def has_note(ctx):
     return {"workspace_had_note": await ctx.exists("refund-note.md")}
@@ -40,8 +38,9 @@ STORY = [
 
 
 @pytest.fixture
-async def host(tmp_path, docker_engine):
-    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, on_step=has_note) as env:
+async def host(tmp_path, desk_provider):
+    """A host with the support-desk tools whose hook reports whether the note exists."""
+    async with create_host_environment(run_root=tmp_path / "run", provider=desk_provider, on_step=has_note) as env:
         yield env
 
 
@@ -216,7 +215,7 @@ async def test_each_step_is_written_whole_with_rewards_and_trace_id_as_it_comple
             assert line["source_trace_id"] == session.source_trace_id
 
 
-async def test_a_step_whose_hook_raised_is_recorded_alike_by_the_session_and_the_host(tmp_path, docker_engine):
+async def test_a_step_whose_hook_raised_is_recorded_alike_by_the_session_and_the_host(tmp_path, desk_provider):
     from softprobe.gym import OnStepHookError
 
     def hook(ctx):
@@ -224,7 +223,7 @@ async def test_a_step_whose_hook_raised_is_recorded_alike_by_the_session_and_the
             raise RuntimeError("hook broke")
         return {"workspace_had_note": False}
 
-    async with create_host_environment(run_root=tmp_path, image=SUPPORT_DESK, on_step=hook) as host:
+    async with create_host_environment(run_root=tmp_path / "run", provider=desk_provider, on_step=hook) as host:
         session = await create_training_session(host, episode_id="hooked", reward_from=note_facts)
         with pytest.raises(OnStepHookError, match="hook broke"):
             await collect(session, STORY)
