@@ -275,6 +275,7 @@ class HostEnvironment:
         except SandboxLostError as err:
             episode.require_not_destroyed("finalize")
             await self._admission.mark_broken(episode, str(err), "finalize")
+            episode.require_not_destroyed("finalize")  # destroyed while the dead sandbox went
             return []
         except Exception:
             episode.require_not_destroyed("finalize")  # it failed *because* of that
