@@ -57,6 +57,7 @@ async def test_a_flattened_checkpoint_keeps_world_user_tools_and_environment(tmp
         assert uid == str(host.runtime_of(episode_id=current).hello.uid)  # the child's own uid
         account = await host.step(episode_id=current, action=tool("crm.get_account", id="A-42"))
         assert account.observation["id"] == "A-42"
+    await provider.close()  # given to the host, so the caller's to close
     client.close()
 
 

@@ -25,16 +25,21 @@ def no_local_leftovers(tmp_path: Path) -> Iterator[None]:
 
 
 @pytest.fixture
-def local_provider(tmp_path: Path) -> LocalProvider:
-    """A local-process provider with its own private root under the test's folder."""
-    return LocalProvider(root=tmp_path / "local-root")
+async def local_provider(tmp_path: Path) -> AsyncIterator[LocalProvider]:
+    """A local-process provider with its own private root under the test's folder (the
+    caller's to close: hosts do not close a provider they were given)."""
+    provider = LocalProvider(root=tmp_path / "local-root")
+    yield provider
+    await provider.close()
 
 
 @pytest.fixture
-def desk_provider(tmp_path: Path) -> LocalProvider:
+async def desk_provider(tmp_path: Path) -> AsyncIterator[LocalProvider]:
     """A local-process provider offering the support-desk image's tools (``crm.*``), run from
     the repository's copy of the fixture CRM."""
-    return LocalProvider(root=tmp_path / "desk-root", manifest=desk_manifest(tmp_path))
+    provider = LocalProvider(root=tmp_path / "desk-root", manifest=desk_manifest(tmp_path))
+    yield provider
+    await provider.close()
 
 
 @pytest.fixture

@@ -67,7 +67,8 @@ def create_host_environment(
             context, then the default socket.
         provider: where sandboxes run: a :class:`~softprobe.gym.providers.base.Provider` such as
             ``LocalProvider()`` (development and tests; not for untrusted agents). Default: a
-            Docker provider for ``docker_host``.
+            Docker provider for ``docker_host``, made for this host and closed with it; a provider
+            passed in stays the caller's to close (several hosts may share it).
         backend: the older name of ``provider``.
         sweep_on_start: on first use, remove containers and images left by host processes of
             this machine that are gone.
@@ -138,7 +139,7 @@ def open_host(config: HostConfig) -> HostEnvironment:
         if owned:
             provider.discard()
         raise
-    return HostEnvironment(config, provider)
+    return HostEnvironment(config, provider, owns_provider=owned)
 
 
 __all__ = ["DEFAULT_ARTIFACT_BUDGET_BYTES", "DEFAULT_CHECKPOINT_BUDGET_BYTES", "DEFAULT_IMAGE",

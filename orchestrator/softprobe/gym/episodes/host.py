@@ -53,9 +53,10 @@ class HostEnvironment:
     Calls on one episode are served one at a time; calls on different episodes run concurrently.
     """
 
-    def __init__(self, config: HostConfig, provider: Provider) -> None:
+    def __init__(self, config: HostConfig, provider: Provider, *, owns_provider: bool = True) -> None:
         self.config = config
         self.provider = provider
+        self._owns_provider = owns_provider  # close() releases only a provider made for this host
         self.host_id = uuid.uuid4().hex[:16]
         self._registry = EpisodeRegistry(config, self.host_id)
         self._checkpoints = CheckpointRegistry(provider, self._registry)
@@ -314,7 +315,8 @@ class HostEnvironment:
             await self._admission.close()
             await self._checkpoints.collect()
         finally:
-            await self.provider.close()
+            if self._owns_provider:
+                await self.provider.close()
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         left = self._checkpoints.remaining_images()
         if failures or left:

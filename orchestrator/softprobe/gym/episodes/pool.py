@@ -27,6 +27,7 @@ class WarmPool:
         self.size = size
         self._ready: deque[Runtime] = deque()
         self._filling: set[asyncio.Task[None]] = set()
+        self._removing: set[asyncio.Future[None]] = set()  # dead idle sandboxes being removed
         self._closed = False
         self.started = 0  # containers this pool has started (for tests and the bench)
         self.failures = 0
@@ -43,7 +44,9 @@ class WarmPool:
             if candidate.lost is None:
                 sandbox = candidate
                 break
-            asyncio.ensure_future(candidate.remove())  # died while idle
+            removal = asyncio.ensure_future(candidate.remove())  # died while idle
+            self._removing.add(removal)
+            removal.add_done_callback(self._removing.discard)
         self.refill()
         return sandbox
 
@@ -81,3 +84,4 @@ class WarmPool:
         await asyncio.gather(*list(self._filling), return_exceptions=True)
         while self._ready:
             await self._ready.popleft().remove()
+        await asyncio.gather(*list(self._removing), return_exceptions=True)

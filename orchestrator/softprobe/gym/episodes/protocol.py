@@ -62,7 +62,7 @@ class Host(Protocol):
 
         Raises:
             LifecycleError: the episode is finalized or destroyed.
-            ImageNotFoundError: the seed image is not on the engine.
+            ImageNotFoundError: the seed image is not where the provider runs.
             SandboxStartError / SandboxError: the container could not be started.
         """
         ...
@@ -194,7 +194,8 @@ class Host(Protocol):
         ...
 
     async def close(self) -> None:
-        """Destroy every episode this host still holds (their folders stay) and release Docker.
+        """Destroy every episode this host still holds (their folders stay) and release the provider
+        the host made (a provider passed in stays the caller's).
 
         Idempotent. Tries everything even when a part fails, then raises SandboxError saying
         what could not be released.

@@ -27,6 +27,7 @@ from softprobe.gym.providers.archive import build_seed_archive
 from softprobe.gym.providers.base import WORKSPACE, Provider, Sandbox, SandboxSpec, SweepReport
 from softprobe.gym.providers.docker.attach_channel import AttachChannel
 from softprobe.gym.providers.docker.engine import DockerEngine
+from softprobe.gym.providers.docker.errors import ENGINE_ERRORS, translate
 from softprobe.gym.providers.docker.retry import control_plane
 from softprobe.gym.providers.docker.sandbox import DockerSandbox
 from softprobe.gym.providers.docker.uids import EpisodeIds, UidAllocator
@@ -93,7 +94,10 @@ class DockerProvider(Provider):
         """
         if settings.runtime is None:
             return
-        runtimes = sorted((control_plane(self.client.info)().get("Runtimes") or {}).keys())
+        try:
+            runtimes = sorted((control_plane(self.client.info)().get("Runtimes") or {}).keys())
+        except ENGINE_ERRORS as err:
+            raise translate(err, "info") from err
         if settings.runtime not in runtimes:
             raise ConfigurationError(
                 f"container runtime {settings.runtime!r} is not registered with this Docker engine "

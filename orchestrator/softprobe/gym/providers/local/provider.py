@@ -19,12 +19,13 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
+import stat
 import sys
 import tarfile
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ from softprobe.gym.paths import remove_tree
 from softprobe.gym.providers.archive import build_seed_archive, safe_extract
 from softprobe.gym.providers.base import WORKSPACE, Provider, Sandbox, SandboxSpec, SweepReport
 from softprobe.gym.providers.local.channel import PipeChannel
+from softprobe.gym.providers.local.files import copy_tree, tar_tree
+from softprobe.gym.providers.local.processes import kill_tree
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.settings import ContainerSettings, parse_size
 from softprobe.gym.shim import SHIM_PROGRAM
@@ -53,7 +56,12 @@ class LocalSandbox(Sandbox):
     """A folder and the shim subprocess serving it."""
 
     def __init__(
-        self, folder: Path, process: asyncio.subprocess.Process, image_id: str, pending_seed: bytes | None
+        self,
+        folder: Path,
+        process: asyncio.subprocess.Process,
+        image_id: str,
+        pending_seed: bytes | None,
+        release: Callable[[LocalSandbox], None],
     ) -> None:
         self.sandbox_id = folder.name
         self.image_id = image_id
@@ -62,6 +70,7 @@ class LocalSandbox(Sandbox):
         self.process = process
         self.channel = PipeChannel(process, max_line_bytes=256 * 1024 * 1024)
         self.pending_seed = pending_seed
+        self._release = release
         self._removed = False
 
     async def copy_out(self, path: str, destination: Path, *, byte_budget: int | None = None) -> list[SkippedMember]:
@@ -71,10 +80,9 @@ class LocalSandbox(Sandbox):
         def copy() -> list[SkippedMember]:
             # Through a tar, so the same checks apply as to a container's archive.
             with tempfile.TemporaryFile() as spool:
-                with tarfile.open(fileobj=spool, mode="w", format=tarfile.PAX_FORMAT) as archive:
-                    archive.add(str(self.workspace), arcname="workspace")
+                unreadable = tar_tree(self.workspace, spool)
                 spool.seek(0)
-                return safe_extract(spool, destination, byte_budget=byte_budget)
+                return unreadable + safe_extract(spool, destination, byte_budget=byte_budget)
 
         try:
             return await asyncio.to_thread(copy)
@@ -90,8 +98,11 @@ class LocalSandbox(Sandbox):
             return
         self._removed = True
         self.channel.close()
-        await _stop(self.process)
-        await asyncio.to_thread(remove_tree, self.folder)
+        try:
+            await _stop(self.process)
+            await asyncio.to_thread(remove_tree, self.folder)
+        finally:
+            self._release(self)
 
 
 class LocalProvider(Provider):
@@ -107,9 +118,13 @@ class LocalProvider(Provider):
     supports_commit = True
 
     def __init__(self, *, root: Path | None = None, manifest: Path | None = None) -> None:
-        self.root = (root or default_root()).resolve()
+        # Not resolved: a symlink planted at the default root must be refused, not followed.
+        self.root = Path(os.path.abspath(root or default_root()))
         self.manifest = manifest.resolve() if manifest is not None else None
         self._sandboxes: dict[str, LocalSandbox] = {}
+
+    def _forget(self, sandbox: LocalSandbox) -> None:
+        self._sandboxes.pop(sandbox.sandbox_id, None)
 
     def check_settings(self, settings: ContainerSettings) -> None:
         """Refuse a container runtime: there is no container to run it."""
@@ -128,7 +143,7 @@ class LocalProvider(Provider):
                 source = self._image_folder(spec.image) / "workspace"
                 if not source.is_dir():
                     raise ImageNotFoundError(f"image {spec.image!r} is not a commit of this local provider")
-                await asyncio.to_thread(shutil.copytree, source, workspace, symlinks=True)
+                await asyncio.to_thread(copy_tree, source, workspace)
             else:
                 workspace.mkdir()
             seed = spec.seed_root if spec.copy_seed else None
@@ -146,7 +161,7 @@ class LocalProvider(Provider):
             await asyncio.to_thread(remove_tree, folder)
             raise
         _write_meta(folder, spec.labels, pid=process.pid)
-        sandbox = LocalSandbox(folder, process, image_id, pending)
+        sandbox = LocalSandbox(folder, process, image_id, pending, self._forget)
         self._sandboxes[sandbox.sandbox_id] = sandbox
         return sandbox
 
@@ -172,7 +187,7 @@ class LocalProvider(Provider):
             _check_size(sandbox.workspace, max_bytes)
         folder = self._new_folder("images", labels)
         try:
-            await asyncio.to_thread(shutil.copytree, sandbox.workspace, folder / "workspace", symlinks=True)
+            await asyncio.to_thread(copy_tree, sandbox.workspace, folder / "workspace")
         except BaseException:
             await asyncio.to_thread(remove_tree, folder)
             raise
@@ -227,10 +242,23 @@ class LocalProvider(Provider):
 
     # -- folders -----------------------------------------------------------------------------------
 
+    def _private_root(self) -> Path:
+        """The root, made if missing; refused unless it is a real folder of this user that
+        nobody else can enter (the default lives in the shared temp folder)."""
+        with contextlib.suppress(FileExistsError):
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(mode=0o700)
+        st = os.lstat(self.root)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise ConfigurationError(
+                f"the local provider's root {self.root} is not a private folder of this user (a folder "
+                "owned by you with mode 0700, not a symlink); remove it or pass LocalProvider(root=...)"
+            )
+        return self.root
+
     def _new_folder(self, kind: str, labels: dict[str, str]) -> Path:
-        parent = self.root / kind
-        parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)  # private: other users must not reach the workspaces
+        parent = self._private_root() / kind
+        parent.mkdir(exist_ok=True)
         folder = parent / uuid.uuid4().hex
         folder.mkdir(mode=0o700)
         _write_meta(folder, labels)
@@ -261,8 +289,9 @@ class LocalProvider(Provider):
         pid = meta.get("pid")
         # A shim of a dead owner of this machine: only if that pid still runs our shim program.
         if isinstance(pid, int) and _runs_shim(pid, folder):
+            await asyncio.to_thread(kill_tree, pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
         await asyncio.to_thread(remove_tree, folder)
 
 
@@ -307,20 +336,18 @@ def _runs_shim(pid: int, folder: Path) -> bool:
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
-    """End the shim and whatever it started in its session: SIGTERM, then SIGKILL."""
+    """End the shim and everything below it: the tree first (while the shim, a subreaper, still
+    holds what its commands left), then the shim (SIGTERM, SIGKILL after a grace period)."""
     if process.returncode is None:
+        await asyncio.to_thread(kill_tree, process.pid)
         with contextlib.suppress(ProcessLookupError):
             process.terminate()
         try:
             await asyncio.wait_for(process.wait(), STOP_GRACE_S)
         except asyncio.TimeoutError:
-            pass
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)  # its session's group: commands it left behind
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
 
 
 __all__ = ["IMAGE_PREFIX", "LocalProvider", "LocalSandbox", "default_root"]
