@@ -28,6 +28,7 @@ from softprobe.gym.episodes.protocol import Host
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
 from softprobe.gym.evals.suite import Suite, SuiteError, Task
 from softprobe.gym.paths import remove_tree
+from softprobe.gym.providers.base import Provider
 from softprobe.gym.text import terminal_safe
 from softprobe.gym.training.export import trajectory_steps
 from softprobe.gym.training.rollouts import RolloutSpec, run_rollout, write_seed_files
@@ -94,11 +95,12 @@ def select_tasks(suite: Suite) -> list[Task]:
     return [t for t in suite.tasks if t.id in chosen]
 
 
-def preflight_suite(suite: Suite) -> None:
+def preflight_suite(suite: Suite, *, check_image: bool = True) -> None:
     """Check what every task needs before any of them runs, and before anything is written.
 
     The seed image must be on the Docker engine (the project's own images are built if
-    missing), every ``seed`` folder must exist, and every ``policy`` must import.
+    missing; ``check_image=False`` leaves the image to the caller's provider), every ``seed``
+    folder must exist, and every ``policy`` must import.
 
     Raises:
         SuiteError: one ``FILE:LINE: field: problem`` line per problem found, named as the suite
@@ -121,7 +123,7 @@ def preflight_suite(suite: Suite) -> None:
                 suite.policy(task)
             except SuiteError as err:
                 problems.append(f"{suite.where('tasks', i, 'policy')}: tasks.{i}.policy: {err}")
-    if not ensure_image(suite.image, log=lambda line: print(line, file=sys.stderr)):
+    if check_image and not ensure_image(suite.image, log=lambda line: print(line, file=sys.stderr)):
         problems.append(
             f"{suite.where('image')}: image: {suite.image!r} is not on this Docker engine; build or "
             "pull it, or name an image the engine has"
@@ -149,20 +151,30 @@ async def run_suite(
     progress: Progress = lambda message, done, total: None,
     ray_address: str | None = None,
     preflight: bool = True,
+    provider: Provider | None = None,
 ) -> SuiteOutcome:
     """Run ``suite`` into ``out``; see the module docstring.
 
     Args:
         preflight: check the suite first (:func:`preflight_suite`, in a worker thread); pass
             False when the caller has just done so.
+        provider: where the tasks run (default: Docker; e.g. ``LocalProvider()`` to try a
+            suite without an engine; not with ``ray_address``). The caller closes it.
 
     Raises:
         SuiteError: :func:`preflight_suite` found a problem (nothing was run or written).
         GymError: infrastructure failed (Docker, the grader); partial outputs are still written.
     """
     started = time.perf_counter()
+    if provider is not None and ray_address is not None:
+        raise SuiteError("pass provider= or ray_address=, not both: Ray nodes run their own Docker providers")
     if preflight:
-        await asyncio.to_thread(preflight_suite, suite)  # it may build images: off the loop
+        # It may build images: off the loop. A given provider answers for its own images.
+        await asyncio.to_thread(preflight_suite, suite, check_image=provider is None)
+        if provider is not None and await provider.resolve_image(suite.image) is None:
+            raise SuiteError(
+                f"the suite cannot run: image {suite.image!r} is not where the {provider.name} provider runs"
+            )
     tasks = select_tasks(suite)
     records_dir = out / "tasks"
     records_dir.mkdir(parents=True, exist_ok=True)
@@ -216,6 +228,7 @@ async def run_suite(
         tool_timeout_s=suite.limits.tool_timeout_s,
         max_tool_timeout_s=max(600.0, suite.limits.tool_timeout_s),
         max_containers=concurrency,
+        provider=provider,
     )
     host: Host
     if ray_address is not None:
