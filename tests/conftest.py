@@ -7,8 +7,8 @@ missing engine fails the run: CI must never pass by skipping the Docker tests.
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import AsyncIterator, Iterator
 
 import pytest
 
@@ -20,10 +20,11 @@ _LOCAL_PROMPTFOO = Path(__file__).resolve().parents[1] / ".venv" / "promptfoo" /
 if "SOFTPROBE_PROMPTFOO" not in os.environ and _LOCAL_PROMPTFOO.exists():
     os.environ["SOFTPROBE_PROMPTFOO"] = str(_LOCAL_PROMPTFOO)
 
-from softprobe.gym import create_host_environment, labels as L  # noqa: E402
-from softprobe.gym.errors import DockerUnavailableError  # noqa: E402
-
 from helpers import SUPPORT_DESK  # noqa: E402
+
+from softprobe.gym import create_host_environment  # noqa: E402
+from softprobe.gym import labels as L  # noqa: E402
+from softprobe.gym.errors import DockerUnavailableError  # noqa: E402
 
 
 def _docker_problem() -> str | None:

@@ -75,7 +75,9 @@ def owned_by_process(pid: int) -> tuple[list[str], list[str]]:
         images = client.api.images(filters={"label": L.MANAGED})
     finally:
         client.close()
-    mine = lambda objects: sorted(o["Id"] for o in objects if (o.get("Labels") or {}).get(L.OWNER, "").startswith(prefix))
+    def mine(objects: list[dict]) -> list[str]:
+        return sorted(o["Id"] for o in objects if (o.get("Labels") or {}).get(L.OWNER, "").startswith(prefix))
+
     return mine(containers), mine(images)
 
 

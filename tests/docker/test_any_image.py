@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import docker
 import pytest
-
 from helpers import tool
+
 from softprobe.gym import create_host_environment
 from softprobe.gym.providers.docker.images import PUBLIC_PYTHON_IMAGE, ROOTFS_IMAGE
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import owned_by_process
 
 pytestmark = pytest.mark.docker

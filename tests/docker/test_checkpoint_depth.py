@@ -9,8 +9,8 @@ import time
 
 import docker
 import pytest
-
 from helpers import SUPPORT_DESK, ready, tool
+
 from softprobe.gym import create_host_environment
 from softprobe.gym.providers.docker.provider import FLATTEN_AT_LAYERS, DockerProvider
 

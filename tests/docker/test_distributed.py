@@ -13,13 +13,13 @@ import time
 
 import docker
 import pytest
-
 from helpers import require_extra  # noqa: E402
 
 ray = require_extra("ray", "ray")
 Cluster = require_extra("ray.cluster_utils", "ray").Cluster
 
 from helpers import SUPPORT_DESK, owned_by_process, tool  # noqa: E402
+
 from softprobe.gym import create_host_environment, create_training_session  # noqa: E402
 from softprobe.gym.scale.ray import DistributedHost, NodeLostError, RolloutFailedError, RolloutOutcome  # noqa: E402
 
@@ -140,7 +140,10 @@ async def test_a_lost_node_fails_only_its_episodes_and_leaks_nothing(cluster, tm
     batch = asyncio.ensure_future(dist.run_rollouts(specs, concurrency=4))
     doomed_node = next(n for n in nodes if n.node_id in infos)
     doomed_pid = infos[doomed_node.node_id]["pid"]
-    owned = lambda pid: owned_by_process(pid)[0]
+
+    def owned(pid: int) -> list[str]:
+        return owned_by_process(pid)[0]
+
     deadline = time.monotonic() + 120
     while len(owned(doomed_pid)) < 2:  # bounded poll: both of its rollouts are running
         assert time.monotonic() < deadline and not batch.done()

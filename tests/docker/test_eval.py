@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import EXAMPLES, SCREENSHOT_SIZE, owned_by_process, png_size
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -92,7 +91,10 @@ def test_an_interrupted_run_removes_its_containers_and_writes_partial_results(tm
     out = tmp_path / "out"
     child = subprocess.Popen([sys.executable, "-m", "softprobe.gym.cli", "eval", str(suite), "--out", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    running = lambda: owned_by_process(child.pid)[0]
+
+    def running() -> list[str]:
+        return owned_by_process(child.pid)[0]
+
     deadline = time.monotonic() + 120
     while not (out / "tasks" / "slow-0.json").exists() or len(running()) < 2:  # bounded poll on state
         assert child.poll() is None and time.monotonic() < deadline, child.communicate()

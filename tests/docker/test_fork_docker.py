@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import docker
 import pytest
-
 from helpers import SUPPORT_DESK, ready
+
 from softprobe.gym import create_host_environment
 
 pytestmark = pytest.mark.docker

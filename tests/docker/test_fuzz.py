@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import SUPPORT_DESK
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from helpers import SUPPORT_DESK
 from softprobe.gym import InvalidActionError, StepResult, create_host_environment
 
 SHIM = Path(__file__).resolve().parents[2] / "orchestrator" / "softprobe" / "gym" / "shim" / "agent_shim.py"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import docker
 import pytest
+from helpers import BASE, SUPPORT_DESK, owned_by_process, ready, this_process
 from testcontainers.core.container import DockerContainer
 
-from helpers import BASE, SUPPORT_DESK, owned_by_process, ready, this_process
 from softprobe.gym import labels as L
 
 pytestmark = pytest.mark.docker

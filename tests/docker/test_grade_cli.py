@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import SUPPORT_DESK, ready, tool
+
 from softprobe.gym import create_host_environment, create_training_session
 
 pytestmark = pytest.mark.docker

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import require_extra  # noqa: E402
 
 require_extra("gymnasium", "gymnasium")
 
 from helpers import SUPPORT_DESK  # noqa: E402
+
 from softprobe.gym.training.gymnasium import SoftprobeEnv  # noqa: E402
 
 pytestmark = pytest.mark.docker

@@ -9,8 +9,8 @@ import json
 
 import docker
 import pytest
-
 from helpers import ready, this_process, tool
+
 from softprobe.gym import EpisodeBrokenError
 from softprobe.gym import labels as L
 

@@ -5,8 +5,8 @@ provider (tests/unit/test_lifecycle.py)."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import SUPPORT_DESK, host_containers, ready, tool
+
 from softprobe.gym import EpisodeState, ImageNotFoundError, LifecycleError, create_host_environment
 
 pytestmark = pytest.mark.docker

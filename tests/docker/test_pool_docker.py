@@ -6,8 +6,8 @@ admission and concurrency logic is tested on the local provider
 from __future__ import annotations
 
 import pytest
-
 from helpers import SUPPORT_DESK, host_containers, tool
+
 from softprobe.gym import create_host_environment
 
 pytestmark = pytest.mark.docker

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from helpers import SUPPORT_DESK, ready, tool
+
 from softprobe.gym import ConfigurationError, check_host, create_host_environment
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("episode_runtime")]

@@ -6,8 +6,8 @@ import os
 
 import docker
 import pytest
-
 from helpers import SUPPORT_DESK, ready, this_process, tool
+
 from softprobe.gym import create_host_environment
 from softprobe.gym import labels as L
 

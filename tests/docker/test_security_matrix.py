@@ -21,9 +21,9 @@ from pathlib import Path
 
 import docker
 import pytest
-
 from faulty_docker import FaultyDockerProxy
 from helpers import SUPPORT_DESK, owned_by_process, processes, ready, this_process, tool
+
 from softprobe.gym import EpisodeBrokenError, create_host_environment
 from softprobe.gym import labels as L
 
@@ -232,7 +232,7 @@ async def test_row_10_episodes_cannot_reach_each_other(host, episode_runtime):
         for episode_id in (first, second):
             ns = await host.step(episode_id=episode_id, action=shell("readlink /proc/self/ns/net /proc/self/ns/pid /proc/self/ns/ipc"))
             namespaces.append(ns.observation.split())
-        assert all(a != b for a, b in zip(*namespaces)), namespaces
+        assert all(a != b for a, b in zip(*namespaces, strict=True)), namespaces
     for episode_id in (first, second):
         assert container_of(episode_id).attrs["HostConfig"]["NetworkMode"] == "none"
 
@@ -350,7 +350,10 @@ async def test_row_16_a_sigkilled_host_leaves_nothing_gc_cannot_find(tmp_path, h
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     child.stdout.close(), child.stderr.close()
-    mine = lambda: owned_by_process(child.pid)[0]
+
+    def mine() -> list[str]:
+        return owned_by_process(child.pid)[0]
+
     assert len(mine()) == 3
     done = subprocess.run([sys.executable, "-m", "softprobe.gym.cli", "gc"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and mine() == []
@@ -361,7 +364,7 @@ async def test_row_17_transient_docker_errors_are_retried_and_actions_never_twic
         async with create_host_environment(run_root=tmp_path / "run", image=SUPPORT_DESK, docker_host=proxy.url) as host:
             episode_id = await ready(host)
             assert proxy.failed == 4  # every injected failure was met, and retried past
-            for i in range(3):
+            for _ in range(3):
                 step = await host.step(episode_id=episode_id, action=shell("echo ran >> counter.txt"))
                 assert step.error is None
             proxy.http_500 = 1  # a control-plane call after the steps fails once more

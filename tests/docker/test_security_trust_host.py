@@ -22,8 +22,8 @@ from pathlib import Path
 
 import docker
 import pytest
-
 from helpers import SUPPORT_DESK, ready, tool
+
 from softprobe.gym import (
     CheckpointTooLargeError,
     EpisodeExistsError,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import docker
 import pytest
-
 from helpers import SUPPORT_DESK, processes, ready, tool
+
 from softprobe.gym import create_host_environment
 from softprobe.gym import labels as L
 from softprobe.gym.errors import SandboxError

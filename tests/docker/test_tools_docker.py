@@ -5,7 +5,6 @@ logic is tested on the local provider (tests/unit/test_tools.py)."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import processes, ready, tool
 
 pytestmark = pytest.mark.docker

@@ -325,7 +325,7 @@ def graded(tmp_path_factory) -> dict[str, tuple]:
                           assertions=[{"type": "python", "value": f"file://{file_case}"}]))
     native = asyncio.run(grade_cases(cases, backend="native"))
     cli = asyncio.run(grade_cases(cases, backend="cli"))
-    return {c.attempt_id: (n, k) for c, n, k in zip(cases, native, cli)}
+    return {c.attempt_id: (n, k) for c, n, k in zip(cases, native, cli, strict=True)}
 
 
 def test_there_are_at_least_80_parity_cases():

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-
 from helpers import desk_manifest
+
 from softprobe.gym import HostEnvironment, create_host_environment
 from softprobe.gym.providers.local import LocalProvider
 

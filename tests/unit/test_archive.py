@@ -187,7 +187,7 @@ def test_names_that_are_not_utf8_or_too_long_for_the_host_are_skipped_as_readabl
     skipped = safe_extract(archive, tmp_path)
     paths = [s.path for s in skipped]
     assert "workspace/bad-\\xff.txt" in paths and "workspace/fifo-\\xfe" in paths
-    assert any(p.endswith("deep.txt") and "too long" in s.reason.lower() for p, s in zip(paths, skipped))
+    assert any(p.endswith("deep.txt") and "too long" in s.reason.lower() for p, s in zip(paths, skipped, strict=True))
     assert (tmp_path / "workspace" / "ok.txt").read_text() == "ok"
     json.dumps([s.model_dump() for s in skipped], ensure_ascii=False).encode("utf-8")  # serialisable
 

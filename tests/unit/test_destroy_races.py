@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from helpers import tool
+
 from softprobe.gym import EpisodeState, LifecycleError, create_host_environment
 from softprobe.gym.providers.local import LocalProvider
 from softprobe.gym.providers.local.provider import LocalSandbox

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from helpers import EXAMPLES
+
 from softprobe.gym.evals.runner import run_suite
 from softprobe.gym.evals.suite import load_suite
 from softprobe.gym.providers.local import LocalProvider

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from helpers import EXAMPLES, README_SCREENSHOT, REPO, SCREENSHOT_SIZE, png_size
+
 from softprobe.gym.evals.suite import SuiteError, load_suite
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import local_objects, ready, tool
+
 from softprobe.gym import (
     EpisodeExistsError,
     EpisodeNotFoundError,
@@ -20,6 +20,7 @@ from softprobe.gym import (
     create_host_environment,
     create_training_session,
 )
+
 ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
 
 

@@ -7,7 +7,6 @@ import json
 import warnings
 
 import pytest
-
 from helpers import require_extra  # noqa: E402
 
 check_env = require_extra("gymnasium.utils.env_checker", "gymnasium").check_env

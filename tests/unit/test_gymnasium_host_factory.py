@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers import require_extra
+
 from softprobe.gym import HostEnvironment, create_host_environment
 from softprobe.gym.providers.local import LocalProvider
 

@@ -7,8 +7,8 @@ import json
 import re
 
 import pytest
-
 from helpers import kill_local_sandbox, local_image_labels, local_objects, ready, tool
+
 from softprobe.gym import (
     CapabilityError,
     EpisodeBrokenError,

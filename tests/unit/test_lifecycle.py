@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import local_objects, ready, tool
+
 from softprobe.gym import (
     ConfigurationError,
     EpisodeExistsError,

@@ -9,8 +9,8 @@ import secrets
 from pathlib import Path
 
 import pytest
-
 from helpers import tool
+
 from softprobe.gym import ConfigurationError, EpisodeBrokenError, GymError, create_host_environment
 from softprobe.gym.providers.local import LocalProvider
 

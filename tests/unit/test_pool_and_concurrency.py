@@ -6,6 +6,7 @@ import asyncio
 import os
 
 from helpers import local_objects, tool
+
 from softprobe.gym import create_host_environment
 
 

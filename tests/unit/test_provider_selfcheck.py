@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
-
 from softprobe.gym.providers.local import LocalProvider
 from softprobe.gym.providers.selfcheck import CHECKS
 

@@ -7,17 +7,18 @@ import json
 import re
 
 import pytest
-
 from helpers import tool
+
 from softprobe.gym import (
-    RewardComponent,
     LifecycleError,
+    RewardComponent,
     RewardError,
     create_host_environment,
     create_training_session,
     map_reward_components,
     rollout_to_promptfoo_input,
 )
+
 
 async def has_note(ctx):
     return {"workspace_had_note": await ctx.exists("refund-note.md")}

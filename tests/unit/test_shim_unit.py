@@ -263,7 +263,7 @@ class LocalShim:
     def call(self, tool: str, **args: object) -> bytes:
         return self.ask({"id": 1, "op": "call", "tool": tool, "args": args, "timeout_s": 10, "output_cap": 1024})
 
-    def __enter__(self) -> "LocalShim":
+    def __enter__(self) -> LocalShim:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
-
 from helpers import processes, ready, tool
+
 from softprobe.gym import EpisodeState, InvalidActionError
+
 
 async def test_seed_files_are_copied_into_the_workspace_with_their_modes(host):
     episode_id = await host.create_episode(episode_id="ep")
