@@ -20,7 +20,7 @@ from softprobe.gym.episodes.checkpoints import CheckpointRegistry
 from softprobe.gym.episodes.config import HostConfig
 from softprobe.gym.episodes.forking import Forker, ForkResult
 from softprobe.gym.episodes.pool import WarmPool
-from softprobe.gym.episodes.registry import Episode, EpisodeRegistry
+from softprobe.gym.episodes.registry import Episode, EpisodeRegistry, step_limit
 from softprobe.gym.episodes.stepping import Score, Stepper
 from softprobe.gym.episodes.store import EpisodeStore, validate_episode_id
 from softprobe.gym.errors import (
@@ -126,7 +126,7 @@ class HostEnvironment:
             ConfigurationError: ``max_steps`` is not a positive int or None.
         """
         episode = self._registry.get(episode_id)
-        episode.max_steps = _step_limit(max_steps)
+        episode.max_steps = step_limit(max_steps)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -144,7 +144,7 @@ class HostEnvironment:
             raise EpisodeExistsError(
                 f"episode {episode_id!r} already exists on this host; pick another id or destroy it first"
             )
-        limit = _step_limit(max_steps)
+        limit = step_limit(max_steps)
         seed = None
         if seed_root is not None:
             seed = Path(seed_root).expanduser().resolve()
@@ -337,12 +337,6 @@ class HostEnvironment:
     def _check_open(self) -> None:
         if self._closed:
             raise LifecycleError("*", "closed", "use", "this host is closed; create a new one")
-
-
-def _step_limit(max_steps: object) -> int | None:
-    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
-        raise ConfigurationError(f"max_steps must be a positive int, not {max_steps!r}")
-    return max_steps
 
 
 def _ms_since(started: float) -> float:

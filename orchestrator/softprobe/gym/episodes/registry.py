@@ -17,7 +17,7 @@ from softprobe.gym import labels as L
 from softprobe.gym.episodes.config import HostConfig
 from softprobe.gym.episodes.lifecycle import require
 from softprobe.gym.episodes.store import EpisodeStore
-from softprobe.gym.errors import EpisodeBrokenError, EpisodeNotFoundError, LifecycleError
+from softprobe.gym.errors import ConfigurationError, EpisodeBrokenError, EpisodeNotFoundError, LifecycleError
 from softprobe.gym.providers.base import SandboxSpec
 from softprobe.gym.results import EpisodeState, StepResult
 from softprobe.gym.shim.runtime import Runtime
@@ -139,4 +139,11 @@ class EpisodeRegistry:
         }
 
 
-__all__ = ["Episode", "EpisodeRegistry"]
+def step_limit(max_steps: object) -> int | None:
+    """``max_steps`` if it is a positive int or None, else ConfigurationError."""
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+        raise ConfigurationError(f"max_steps must be a positive int, not {max_steps!r}")
+    return max_steps
+
+
+__all__ = ["Episode", "EpisodeRegistry", "step_limit"]
