@@ -289,11 +289,18 @@ async def test_row_32_a_workspace_quota_stops_filling_the_disk(tmp_path, seed_ro
         write = await host.step(episode_id=episode_id, action=tool("fs.write", path="more.txt", content="x" * 4096))
         assert write.error.type == "quota_exceeded"
         assert not any(e["name"] == "more.txt" for e in (await host.step(episode_id=episode_id, action=tool("fs.list"))).observation)
-        freed = await host.step(episode_id=episode_id, action=shell("rm -f big*"))
-        assert freed.error is None, freed
+        # Over the quota, nothing that could write more runs (so bursts cannot pile up step after
+        # step); deleting does.
+        refused = await host.step(episode_id=episode_id, action=shell("touch marker; head -c 16M /dev/zero > more"))
+        assert refused.error.type == "quota_exceeded" and "fs.delete" in refused.error.message
+        listing = (await host.step(episode_id=episode_id, action=tool("fs.list"))).observation
+        assert not any(e["name"] in ("marker", "more") for e in listing)  # the command never ran
+        for entry in listing:
+            if entry["name"].startswith("big"):
+                assert (await host.step(episode_id=episode_id, action=tool("fs.delete", path=entry["name"]))).error is None
         inodes = await host.step(episode_id=episode_id, action=shell("mkdir n && cd n && touch $(seq 1 3000)"))
         assert inodes.error is not None and inodes.error.type == "quota_exceeded", inodes
-        await host.step(episode_id=episode_id, action=shell("rm -rf n"))
+        assert (await host.step(episode_id=episode_id, action=tool("fs.delete", path="n"))).error is None
         ok = await host.step(episode_id=episode_id, action=tool("fs.write", path="small.txt", content="fine"))
         assert ok.error is None
 
@@ -397,6 +404,23 @@ async def test_row_21_a_folder_too_deep_to_walk_recursively_breaks_neither_track
     assert len(deep.diagnostics["changed_paths"]) == 1500  # 2.3 MB of names: within a reply's budget
     listing = await processes(host, episode_id)
     assert "sleep 300" not in listing, listing
+
+
+async def test_row_32_bursts_past_the_quota_do_not_pile_up_over_steps(tmp_path, seed_root, docker_engine):
+    quota = 16 * 1024 * 1024
+    async with create_host_environment(
+        run_root=tmp_path / "run", seed_root=seed_root, image=SUPPORT_DESK, container={"workspace_quota_bytes": quota},
+    ) as host:
+        episode_id = await ready(host)
+        burst = "python3 -c \"import os;f=open('f%d','wb');b=os.urandom(1<<20)\nfor _ in range(300): f.write(b)\""
+        first = await host.step(episode_id=episode_id, action=shell(burst % 0, timeout_s=30))
+        assert first.error is not None and first.error.type == "quota_exceeded", first
+        after_one_burst = container_size_rw(episode_id)  # the quota plus what one look missed
+        for i in range(1, 4):
+            later = await host.step(episode_id=episode_id, action=shell(burst % i, timeout_s=30))
+            assert later.error is not None and "only fs.delete" in later.error.message, later
+        # The later steps were refused before anything ran: no second burst.
+        assert container_size_rw(episode_id) < after_one_burst + 1024 * 1024
 
 
 async def test_row_32_renaming_folders_does_not_blind_the_quota(tmp_path, seed_root, docker_engine):

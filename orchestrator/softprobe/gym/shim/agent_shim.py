@@ -89,6 +89,8 @@ DEFAULT_MAX_CHANGED_PATHS = 10000
 NAMES_BYTES = 4 * 1024 * 1024
 #: How long the end-of-step sweep may take before the shim gives up on the container.
 SWEEP_DEADLINE_S = 10.0
+#: What still runs while the workspace is over its quota: nothing that can make it grow.
+QUOTA_FREE_TOOLS = frozenset({"fs.delete", "fs.read", "fs.list"})
 #: How often a running command's workspace growth is checked against the quota.
 QUOTA_POLL_S = 0.05
 READ_CHUNK = 65536
@@ -1228,6 +1230,11 @@ class Shim:
         try:
             if not isinstance(args, dict):
                 raise ToolError("invalid_arguments", "args must be a JSON object")
+            over = self.over_quota(usage_before) if name not in QUOTA_FREE_TOOLS else None
+            if over:
+                # Each burst past the quota stays in the workspace; refusing what could write
+                # more until it shrinks bounds the total at the quota plus one burst.
+                raise ToolError("quota_exceeded", over + "; only fs.delete, fs.read and fs.list run until it shrinks")
             if name == "shell.exec":
                 observation, diagnostics, touched = self.shell_exec(args, timeout_s, output_cap)
             elif name in self.builtins:
