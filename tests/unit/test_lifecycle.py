@@ -154,3 +154,12 @@ def test_a_wrong_typed_option_is_a_configuration_error_naming_it(tmp_path, local
     with pytest.raises(ConfigurationError) as caught:
         create_host_environment(run_root=tmp_path, provider=local_provider, **{option: value})
     assert message in str(caught.value)
+
+
+def test_an_output_cap_whose_reply_could_outgrow_the_protocol_is_refused(tmp_path, local_provider):
+    """Escaped as JSON, a byte of output can take 6: a cap past 32 MiB could make a reply longer
+    than the 256 MiB a reply line may be, and break the episode."""
+    from softprobe.gym import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="output_cap_bytes"):
+        create_host_environment(run_root=tmp_path, provider=local_provider, output_cap_bytes=48 * 1024 * 1024)

@@ -27,6 +27,8 @@ from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.settings import Capabilities, ContainerSettings
 
+#: The largest ``output_cap_bytes``.
+MAX_OUTPUT_CAP_BYTES = 32 * 1024 * 1024
 #: The seed image when none is given.
 DEFAULT_IMAGE = "softprobe/base:latest"
 #: Default of ``artifact_budget_bytes``: the most file data finalize copies out of a workspace.
@@ -50,7 +52,8 @@ class HostConfig(BaseModel):
     container: ContainerSettings = Field(default_factory=ContainerSettings)
     tool_timeout_s: float = Field(default=30.0, strict=True, gt=0, allow_inf_nan=False)
     max_tool_timeout_s: float = Field(default=600.0, strict=True, gt=0, allow_inf_nan=False)
-    output_cap_bytes: StrictInt = Field(default=1024 * 1024, ge=1024)
+    # At most 32 MiB: escaped as JSON (up to 6 bytes a byte) a reply stays under the 256 MiB line limit.
+    output_cap_bytes: StrictInt = Field(default=1024 * 1024, ge=1024, le=MAX_OUTPUT_CAP_BYTES)
     max_steps: StrictInt | None = Field(default=None, ge=1)
     docker_host: StrictStr | None = None
     provider: InstanceOf[Provider] | None = None

@@ -61,7 +61,8 @@ def create_host_environment(
         container: :class:`ContainerSettings` (or a dict of them) to relax the secure defaults.
         tool_timeout_s: default time limit of a tool call.
         max_tool_timeout_s: the most a ``shell.exec`` may ask for with its ``timeout_s``.
-        output_cap_bytes: bytes of tool output kept per step (head and tail around a marker).
+        output_cap_bytes: bytes of tool output kept per step (head and tail around a marker);
+            1 KiB to 32 MiB.
         max_steps: steps after which the episode is truncated (``truncated=True``).
         docker_host: Docker engine address; default ``DOCKER_HOST``, then the current Docker
             context, then the default socket.
