@@ -160,8 +160,13 @@ async def check_exec_timeout(provider: Provider, tmp: Path) -> None:
         count = f"grep -la '{pattern}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l"
         after = await _call(runtime, "shell.exec", command=count)
         _expect(after.observation.strip() == "0", f"{after.observation.strip()} processes survived the timeout")
-        # The count sees a live one (so "0" above is not an empty /proc or a wrong pattern).
-        probe = await _call(runtime, "shell.exec", command=f"h={head}; t={tail}; sleep $h$t & {count}; kill $!")
+        # The count sees a live one (so "0" above is not an empty /proc or a wrong pattern), once
+        # the background sleep has replaced its forked shell.
+        started_sleep = (
+            f"h={head}; t={tail}; sleep $h$t & "
+            f"for _ in $(seq 500); do grep -qa '{pattern}' /proc/$!/cmdline && break; sleep 0.01; done"
+        )
+        probe = await _call(runtime, "shell.exec", command=f"{started_sleep}; {count}; kill $!")
         _expect(probe.observation.strip() == "1", f"the survivor count does not work here: {probe.observation!r}")
 
 
