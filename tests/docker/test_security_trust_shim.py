@@ -437,6 +437,24 @@ async def test_row_32_renaming_folders_does_not_blind_the_quota(tmp_path, seed_r
         assert container_size_rw(episode_id) < quota + 48 * 1024 * 1024
 
 
+async def test_row_32_a_rename_in_a_large_workspace_does_not_blind_the_quota_elsewhere(tmp_path, seed_root, docker_engine):
+    """A renamed folder makes change tracking inexact, so the shim also walks the workspace,
+    spaced by the walk's cost (large here). Writes outside the renamed folder are still reported
+    by inotify and must stop the command at the next poll, not at the next walk."""
+    quota = 64 * 1024 * 1024
+    async with create_host_environment(
+        run_root=tmp_path / "run", seed_root=seed_root, image=SUPPORT_DESK, container={"workspace_quota_bytes": quota},
+        tool_timeout_s=120,
+    ) as host:
+        episode_id = await ready(host)
+        many = "python3 -c \"import os\nfor d in range(100):\n os.mkdir('t%d'%d)\n for i in range(400): open('t%d/%d'%(d,i),'w').close()\""
+        assert (await host.step(episode_id=episode_id, action=shell(many, timeout_s=120))).error is None
+        burst = await host.step(episode_id=episode_id, action=shell(
+            "mkdir dd && mv dd ee && for i in 1 2 3 4 5 6 7 8; do head -c 100M /dev/zero > big$i; done", timeout_s=60))
+        assert burst.error is not None and burst.error.type == "quota_exceeded", burst
+        assert container_size_rw(episode_id) < quota + 48 * 1024 * 1024
+
+
 async def test_row_32_scratch_folders_outside_the_workspace_are_closed(host):
     episode_id = await ready(host)
     tried = await host.step(episode_id=episode_id, action=shell("touch /var/tmp/x 2>&1; echo $?"))

@@ -93,6 +93,8 @@ SWEEP_DEADLINE_S = 10.0
 QUOTA_FREE_TOOLS = frozenset({"fs.delete", "fs.read", "fs.list"})
 #: How often a running command's workspace growth is checked against the quota.
 QUOTA_POLL_S = 0.05
+#: The longest a quota walk runs in one poll before the poll goes back to inotify's news.
+QUOTA_WALK_SLICE_S = 0.01
 READ_CHUNK = 65536
 # A file modified this close to a scan may change again within the same mtime tick without its
 # size changing, so its hash is not cached (git's "racy clean" problem).
@@ -470,11 +472,15 @@ def _walk(root: bytes, rel: bytes = b"") -> list[tuple[bytes, bool]]:
     """(relative path, is a folder) for ``rel`` and everything below it, without recursion
     (os.walk recurses: a folder 1,500 levels deep would crash it); unreadable folders are
     skipped. Symlinks are not followed."""
+    return list(_iter_walk(root, rel))
+
+
+def _iter_walk(root: bytes, rel: bytes = b"") -> Iterator[tuple[bytes, bool]]:
+    """:func:`_walk`, one entry at a time (a walk that can stop between any two entries)."""
     top = os.path.join(root, rel) if rel else root
-    out: list[tuple[bytes, bool]] = []
     stack = [rel]
     if rel:
-        out.append((rel, os.path.isdir(top) and not os.path.islink(top)))
+        yield rel, os.path.isdir(top) and not os.path.islink(top)
     while stack:
         current = stack.pop()
         try:
@@ -488,10 +494,39 @@ def _walk(root: bytes, rel: bytes = b"") -> list[tuple[bytes, bool]]:
                     is_dir = item.is_dir(follow_symlinks=False)
                 except OSError:
                     is_dir = False
-                out.append((sub, is_dir))
+                yield sub, is_dir
                 if is_dir:
                     stack.append(sub)
-    return out
+
+
+class _SlicedMeasure:
+    """A walk measuring a tree, done a slice at a time: between slices the caller goes back to
+    what is cheap (inotify's news), so a large tree never leaves a long blind spell."""
+
+    def __init__(self, root: bytes) -> None:
+        self.root = root
+        self.entries = _iter_walk(root)
+        self.total = 0
+        self.count = 0
+        self.spent = 0.0  # seconds spent walking, over every slice
+
+    def advance(self, budget_s: float) -> tuple[int, int] | None:
+        """Walk for about ``budget_s``; (bytes held, entries) once the walk is done, else None."""
+        started = time.monotonic()
+        try:
+            for n, (rel, _is_dir) in enumerate(self.entries):
+                self.count += 1
+                try:
+                    st = os.lstat(os.path.join(self.root, rel))
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    self.total += max(st.st_size, st.st_blocks * 512)
+                if n % 256 == 255 and time.monotonic() - started > budget_s:
+                    return None
+            return self.total, self.count
+        finally:
+            self.spent += time.monotonic() - started
 
 
 def _measure(root: bytes) -> tuple[int, int]:
@@ -1107,6 +1142,7 @@ class Shim:
         self._pending_inodes = 0
         self._inexact = False
         self._next_quota_walk = 0.0
+        self._quota_walk: _SlicedMeasure | None = None  # a walk under way, a slice per poll
 
     def _drain(self) -> set[bytes]:
         """Move the tracker's news into ``_pending``; remember when it cannot say."""
@@ -1156,20 +1192,12 @@ class Shim:
         return None
 
     def _poll_quota(self) -> str | None:
-        """While a command runs: estimate the workspace's usage from the tracker's news, or,
-        when those cannot be trusted (scan mode, an overflow, a renamed folder), from a walk of
-        the workspace (as often as every poll while walks are cheap)."""
+        """While a command runs: estimate the workspace's usage from the tracker's news and,
+        when those cannot be the whole truth (scan mode, an overflow, a renamed folder), also
+        from a walk of the workspace (as often as every poll while walks are cheap). The news
+        count either way: a renamed folder blinds the tracker to that folder only, so writes
+        elsewhere are caught at the next poll, not at the next walk."""
         news = self._drain()
-        if self._inexact:
-            now = time.monotonic()
-            if now < self._next_quota_walk:
-                return None
-            measured = _measure(self.index.root)
-            # As often as every poll, but spending at most a fifth of the time walking.
-            self._next_quota_walk = now + max(QUOTA_POLL_S, 5 * (time.monotonic() - now))
-            if measured[0] <= self.index.total_bytes and measured[1] <= len(self.index.entries):
-                return None
-            return self.over_quota(measured)
         for rel in news:
             try:
                 st = os.lstat(os.path.join(self.index.root, rel))
@@ -1184,9 +1212,26 @@ class Shim:
         total_bytes, inodes = self.usage()
         estimate = (total_bytes + self._pending_delta, inodes + self._pending_inodes)
         # A workspace that is already over (a step before hit the quota) may still shrink.
-        if estimate[0] <= total_bytes and estimate[1] <= inodes:
+        if estimate[0] > total_bytes or estimate[1] > inodes:
+            message = self.over_quota(estimate)
+            if message:
+                return message
+        if not self._inexact:
             return None
-        return self.over_quota(estimate)
+        now = time.monotonic()
+        if self._quota_walk is None:
+            if now < self._next_quota_walk:
+                return None
+            self._quota_walk = _SlicedMeasure(self.index.root)
+        measured = self._quota_walk.advance(QUOTA_WALK_SLICE_S)
+        if measured is None:
+            return None  # the walk goes on at the next poll; the news above are checked meanwhile
+        # As often as every poll, but spending at most a fifth of the time walking.
+        self._next_quota_walk = time.monotonic() + max(QUOTA_POLL_S, 4 * self._quota_walk.spent)
+        self._quota_walk = None
+        if measured[0] <= self.index.total_bytes and measured[1] <= len(self.index.entries):
+            return None
+        return self.over_quota(measured)
 
     def hello(self) -> dict[str, Any]:
         tools = [{"name": name, "builtin": True} for name in self.builtins]
