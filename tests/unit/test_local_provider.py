@@ -35,7 +35,12 @@ async def test_destroy_during_a_step_ends_the_command_it_runs(tmp_path: Path, lo
     async with create_host_environment(run_root=tmp_path / "run", provider=local_provider) as host:
         await host.create_episode(episode_id="e")
         await host.reset(episode_id="e")
-        command = f"(setsid sleep {marker} &) ; sleep {marker} & echo go > {ready}; wait"
+        # A sleep's command line starts with "sleep"; the shells running this command start
+        # with their own name, though their text holds the marker too.
+        pattern = "^sleep." + marker.replace(".", "[.]")
+        both_running = f'[ "$(grep -la "{pattern}" /proc/[0-9]*/cmdline 2>/dev/null | wc -l)" -ge 2 ]'
+        command = (f"(setsid sleep {marker} &) ; sleep {marker} & "
+                   f"until {both_running}; do sleep 0.01; done; echo go > {ready}; wait")
         step = asyncio.ensure_future(host.step(episode_id="e", action=tool("shell.exec", command=command, timeout_s=60)))
         await asyncio.to_thread(ready.read_text)  # the command and its escaped child run now
         assert len(pids_running(f"sleep\0{marker}")) == 2
