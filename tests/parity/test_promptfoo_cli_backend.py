@@ -159,3 +159,21 @@ async def test_describe_runner_reports_the_installed_promptfoo_version():
     outcome = await execute_promptfoo_eval(attempt_id="t", final_output="x", assertions=[], backend="cli")
     assert cli.version == outcome.native_bundle["metadata"]["promptfooVersion"] == outcome.framework_result.framework.version
     assert describe_runner("auto").backend_versions == {"native": describe_runner("native").version, "cli": cli.version}
+
+
+async def test_a_result_promptfoo_drops_costs_only_its_own_case():
+    """A python score past the float range makes promptfoo drop that test's result; the rest of
+    the CLI batch is graded all the same, and the dropped case alone is an error."""
+    if find_cli() is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have the promptfoo CLI", pytrace=False)
+        pytest.skip("the promptfoo CLI is not installed (bash .ci/setup test)")
+    cases = [
+        {"attempt_id": "fine", "final_output": "abc", "assertions": [{"type": "python", "value": "len(output) / 10"}]},
+        {"attempt_id": "dropped", "final_output": "x", "assertions": [{"type": "python", "value": "10**400"}]},
+        {"attempt_id": "also-fine", "final_output": "hello", "assertions": [{"type": "contains", "value": "ell"}]},
+    ]
+    results = {r.attempt_id: r for r in await grade_cases(cases, backend="cli")}
+    assert results["fine"].error is None and results["fine"].score == pytest.approx(0.3)
+    assert results["also-fine"].passed and results["also-fine"].error is None
+    assert "no result" in (results["dropped"].error or "")

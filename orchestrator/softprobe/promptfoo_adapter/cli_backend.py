@@ -267,21 +267,18 @@ def has_ref(value: Any) -> bool:
     return False
 
 
-def rows_by_case(report: dict[str, Any], cases: list[EvalCase]) -> list[dict[str, Any]]:
-    """Each case's row of promptfoo's output (matched by ``testIdx``; the order is not guaranteed).
-
-    Raises:
-        PromptfooCliError: a case has no row.
-    """
+def rows_by_case(report: dict[str, Any], cases: list[EvalCase]) -> list[dict[str, Any] | None]:
+    """Each case's row of promptfoo's output (matched by ``testIdx``; the order is not
+    guaranteed), or None for a case promptfoo returned no row for (e.g. one whose score was not
+    a finite number: promptfoo drops that result)."""
     rows = (report.get("results") or {}).get("results") or []
     by_index = {row.get("testIdx"): row for row in rows if isinstance(row, dict)}
-    out = []
-    for index, case in enumerate(cases):
-        row = by_index.get(index)
-        if row is None:
-            raise PromptfooCliError(f"promptfoo returned no result for test {index} ({case.attempt_id})")
-        out.append(row)
-    return out
+    return [by_index.get(index) for index in range(len(cases))]
+
+
+def no_result_error(index: int, case: EvalCase) -> PromptfooCliError:
+    """The error of a case promptfoo returned no result for, when it ran on its own."""
+    return PromptfooCliError(f"promptfoo returned no result for test {index} ({case.attempt_id})")
 
 
 def row_error_status(message: str) -> str:

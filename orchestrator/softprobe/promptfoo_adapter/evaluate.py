@@ -22,6 +22,7 @@ from .cli_backend import (
     cli_version,
     config_problem,
     find_cli,
+    no_result_error,
     row_error_status,
     rows_by_case,
     run_cli,
@@ -293,8 +294,20 @@ async def grade_cases(
                 outcomes[i] = build_outcome(parsed[i], backend="cli", version=None, bundle=None, row=None,
                                             status=err.status, status_reason=str(err), requested_mappings=mappings)
             return
+        missing = [i for i, row in zip(indices, rows, strict=True) if row is None]
+        if missing and len(indices) > 1:
+            # promptfoo dropped some results: the others stand, the dropped ones run on their own.
+            await asyncio.gather(*(cli_group([i]) for i in missing))
+        elif missing:
+            dropped = no_result_error(0, batch[0])
+            outcomes[indices[0]] = build_outcome(batch[0], backend="cli", version=None, bundle=None, row=None,
+                                                 status=dropped.status, status_reason=str(dropped),
+                                                 requested_mappings=mappings)
+            return
         version = (report.get("metadata") or {}).get("promptfooVersion")
         for k, (i, row) in enumerate(zip(indices, rows, strict=True)):
+            if row is None:
+                continue
             bundle = report if len(batch) == 1 else slice_bundle(report, k, row)
             if row.get("failureReason") == 2:
                 message = str(row.get("error") or "error").splitlines()[0]
