@@ -42,28 +42,27 @@ async def desk_provider(tmp_path: Path) -> AsyncIterator[LocalProvider]:
     await provider.close()
 
 
-@pytest.fixture
-async def host(tmp_path: Path, seed_root: Path, local_provider: LocalProvider) -> AsyncIterator[HostEnvironment]:
-    """A host on the local-process provider; after the test none of its sandboxes may remain."""
-    env = create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider,
-                                  tool_timeout_s=20)
+async def _host_on(provider: LocalProvider, tmp_path: Path, seed_root: Path) -> AsyncIterator[HostEnvironment]:
+    """A host on ``provider``; after the test none of its sandboxes may remain."""
+    env = create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=provider, tool_timeout_s=20)
     try:
         yield env
     finally:
         await env.close()
-        left = list((local_provider.root / "sandboxes").glob("*"))
+        left = list((provider.root / "sandboxes").glob("*"))
         assert not left, f"host left sandboxes behind: {left}"
+
+
+@pytest.fixture
+async def host(tmp_path: Path, seed_root: Path, local_provider: LocalProvider) -> AsyncIterator[HostEnvironment]:
+    """A host on the local-process provider."""
+    async for env in _host_on(local_provider, tmp_path, seed_root):
+        yield env
 
 
 @pytest.fixture
 async def desk_host(tmp_path: Path, seed_root: Path, desk_provider: LocalProvider) -> AsyncIterator[HostEnvironment]:
     """Like ``host``, with the support-desk tools: the unit counterpart of a host on the
     support-desk image."""
-    env = create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=desk_provider,
-                                  tool_timeout_s=20)
-    try:
+    async for env in _host_on(desk_provider, tmp_path, seed_root):
         yield env
-    finally:
-        await env.close()
-        left = list((desk_provider.root / "sandboxes").glob("*"))
-        assert not left, f"host left sandboxes behind: {left}"
