@@ -66,10 +66,17 @@ from softprobe.gym.training.session import (
     rollout_to_promptfoo_input,
 )
 from softprobe.gym.training.splits import TrainEvalSplit, assert_no_leakage, partition_train_eval
+from softprobe.gym.worlds import HealthCheck, NetworkPolicy, ServiceSpec, ToolOverlay, ToolSpec, World
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "HealthCheck",
+    "NetworkPolicy",
+    "ServiceSpec",
+    "ToolOverlay",
+    "ToolSpec",
+    "World",
     "Capabilities",
     "CapabilityError",
     "CheckpointTooLargeError",

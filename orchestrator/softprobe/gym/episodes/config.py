@@ -26,6 +26,7 @@ from pydantic import (
 from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.settings import Capabilities, ContainerSettings
+from softprobe.gym.worlds import World
 
 #: The largest ``output_cap_bytes``.
 MAX_OUTPUT_CAP_BYTES = 32 * 1024 * 1024
@@ -63,6 +64,9 @@ class HostConfig(BaseModel):
     workspace_tracking: Literal["inotify", "scan"] = "inotify"
     artifact_budget_bytes: StrictInt | None = Field(default=DEFAULT_ARTIFACT_BUDGET_BYTES, ge=0)
     checkpoint_budget_bytes: StrictInt | None = Field(default=DEFAULT_CHECKPOINT_BUDGET_BYTES, ge=0)
+    world: World = Field(default_factory=World)
+    #: The ``sha256:`` digest of the environment bundle this host runs, recorded in results.
+    bundle_digest: StrictStr | None = None
 
     @field_validator("run_root", "seed_root")
     @classmethod

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from softprobe.gym.episodes.config import (
     DEFAULT_ARTIFACT_BUDGET_BYTES,
@@ -16,6 +19,7 @@ from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.settings import Capabilities, ContainerSettings
+from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, ToolSpec, World
 
 
 def create_host_environment(
@@ -40,6 +44,10 @@ def create_host_environment(
     workspace_tracking: str = "inotify",
     artifact_budget_bytes: int | None = DEFAULT_ARTIFACT_BUDGET_BYTES,
     checkpoint_budget_bytes: int | None = DEFAULT_CHECKPOINT_BUDGET_BYTES,
+    tools: Sequence[ToolSpec | dict[str, Any]] = (),
+    tool_files: str | Path | None = None,
+    services: Sequence[ServiceSpec | dict[str, Any]] = (),
+    network: NetworkPolicy | dict[str, Any] | str | None = None,
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own sandbox (a Docker container by default).
 
@@ -86,6 +94,16 @@ def create_host_environment(
         checkpoint_budget_bytes: the most filesystem changes (apparent size, as Docker's
             ``SizeRw`` counts them) a ``checkpoint`` commits (default 2 GiB); over it,
             ``CheckpointTooLargeError`` and nothing is committed. ``None``: no limit.
+        tools: tools added to every episode without an image build (:class:`ToolSpec` or dicts
+            of its fields: ``name``, ``description``, ``args`` as JSON Schema, ``command``,
+            ``output``, ``timeout_s``); the shim serves them like image-declared tools.
+        tool_files: a folder copied (read-only to the agent) into the sandbox's overlay folder
+            at every start; a command names it as ``${SOFTPROBE_OVERLAY}``, e.g.
+            ``["python3", "${SOFTPROBE_OVERLAY}/refund.py"]``.
+        services: sidecar containers started with each episode on a private network
+            (:class:`ServiceSpec` or dicts), reachable from the agent by name (Docker only).
+        network: :class:`NetworkPolicy`, a dict of it, or a mode: ``"none"`` (default without
+            services), ``"services"`` (default with services) or ``"egress"`` with ``allow``.
 
     Raises:
         ConfigurationError: an argument is invalid or of the wrong type, or the provider cannot
@@ -106,8 +124,44 @@ def create_host_environment(
         provider=provider if provider is not None else backend, sweep_on_start=sweep_on_start,
         pool_size=pool_size, max_containers=max_containers, workspace_tracking=workspace_tracking,
         artifact_budget_bytes=artifact_budget_bytes, checkpoint_budget_bytes=checkpoint_budget_bytes,
+        world=world_of(tools=tools, tool_files=tool_files, services=services, network=network),
     )
     return open_host(config)
+
+
+def world_of(
+    *,
+    tools: Sequence[ToolSpec | dict[str, Any]] = (),
+    tool_files: str | Path | None = None,
+    services: Sequence[ServiceSpec | dict[str, Any]] = (),
+    network: NetworkPolicy | dict[str, Any] | str | None = None,
+) -> World:
+    """The :class:`World` of ``create_host_environment``'s keywords.
+
+    Raises:
+        ConfigurationError: a tool, service or the network policy is invalid (the message names
+            which and why).
+    """
+    if isinstance(network, str):
+        network = {"mode": network}
+    if network is None:
+        network = {"mode": "services" if services else "none"}
+    try:
+        return World(
+            tools=ToolOverlay(
+                tools=tuple(ToolSpec.model_validate(t) for t in tools),
+                files_root=None if tool_files is None else Path(tool_files).expanduser().resolve(),
+            ),
+            services=tuple(ServiceSpec.model_validate(s) for s in services),
+            network=NetworkPolicy.model_validate(network),
+        )
+    except ValidationError as err:
+        problems = []
+        for error in err.errors():
+            where = ".".join(str(part) for part in error["loc"])
+            problems.append(f"{where}: {error['msg'].removeprefix('Value error, ')}" if where
+                            else error["msg"].removeprefix("Value error, "))
+        raise ConfigurationError("invalid world: " + "; ".join(problems)) from None
 
 
 def open_host(config: HostConfig) -> HostEnvironment:
@@ -131,6 +185,7 @@ def open_host(config: HostConfig) -> HostEnvironment:
         provider = DockerProvider(docker_host=config.docker_host)
     try:
         provider.check_settings(config.container)  # e.g. an unknown runtime: refused now
+        provider.check_world(config.world, config.container)  # e.g. services on a local provider
         if config.capabilities.environment_checkpoint and not provider.supports_commit:
             raise ConfigurationError(
                 f"the {provider.name} provider cannot commit sandboxes, so this host cannot declare "
@@ -144,4 +199,4 @@ def open_host(config: HostConfig) -> HostEnvironment:
 
 
 __all__ = ["DEFAULT_ARTIFACT_BUDGET_BYTES", "DEFAULT_CHECKPOINT_BUDGET_BYTES", "DEFAULT_IMAGE",
-           "create_host_environment", "open_host"]
+           "create_host_environment", "open_host", "world_of"]

@@ -116,6 +116,7 @@ class EpisodeRegistry:
             # checkpoint that already holds one.
             copy_seed=seed or image is None,
             digest_mode=self.config.workspace_tracking,
+            world=self.config.world,
         )
 
     def save(self, episode: Episode) -> None:

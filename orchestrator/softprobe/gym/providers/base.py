@@ -18,10 +18,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from softprobe.gym.errors import CapabilityError
+from softprobe.gym.errors import CapabilityError, ConfigurationError
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.settings import ContainerSettings
 from softprobe.gym.shim.client import LineChannel
+from softprobe.gym.worlds import World
 
 #: Where the workspace is, as the agent and the host's records name it.
 WORKSPACE = "/workspace"
@@ -38,6 +39,7 @@ class SandboxSpec(BaseModel):
     seed_root: Path | None = None
     copy_seed: bool = True  # False: the image already holds the workspace (a checkpoint)
     digest_mode: str = "inotify"  # how the shim tracks workspace changes: "inotify" or "scan"
+    world: World = World()  # added tools, services and network policy around the agent's sandbox
 
 
 class Sandbox(ABC):
@@ -109,6 +111,17 @@ class Provider(ABC):
 
     def check_settings(self, settings: ContainerSettings) -> None:  # noqa: B027 - optional hook, no-op default
         """Raise ConfigurationError for settings this provider cannot honour (default: none)."""
+
+    def check_world(self, world: World, settings: ContainerSettings) -> None:
+        """Raise ConfigurationError for a world this provider cannot run.
+
+        The default runs added tools only: no services, no network.
+        """
+        if world.services or world.network.mode != "none":
+            raise ConfigurationError(
+                f"the {self.name} provider runs no services and no network (network mode "
+                f"{world.network.mode!r}, {len(world.services)} service(s)); use the Docker provider"
+            )
 
     @abstractmethod
     async def start(self, spec: SandboxSpec) -> Sandbox:

@@ -1,0 +1,226 @@
+"""What an episode's world holds beyond its agent image: tools added without an image build,
+service containers, and the network policy between them.
+
+These models are the seam between a bundle (``softprobe.gym.bundles``), the host's
+configuration and the providers: a bundle compiles to a :class:`World`, a host passes its world
+in every :class:`~softprobe.gym.providers.base.SandboxSpec`, and a provider starts it (or refuses
+with :class:`~softprobe.gym.errors.ConfigurationError` what it cannot run).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+
+#: Names of the shim's built-in tools; an added tool may not take one.
+BUILTIN_TOOLS = ("fs.read", "fs.write", "fs.list", "fs.delete", "shell.exec")
+#: Where overlay files land inside the sandbox; ``${SOFTPROBE_OVERLAY}`` in a command names it.
+OVERLAY_PLACEHOLDER = "${SOFTPROBE_OVERLAY}"
+
+_TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+# A DNS label: what a service is reached by from the agent's container.
+_SERVICE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+_HOST_PORT = re.compile(r"^(?P<host>[A-Za-z0-9.-]{1,253}|\*):(?P<port>[0-9]{1,5})$")
+
+
+class ToolSpec(BaseModel):
+    """One tool added to an episode: read by the shim exactly like an image-declared tool.
+
+    The tool runs ``command`` (under the episode's tool uid, in ``/``) with its JSON arguments on
+    stdin; what it prints is the observation (parsed when ``output`` is ``"json"``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: StrictStr
+    description: StrictStr = ""
+    #: JSON Schema of the arguments (an object schema).
+    args: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    #: argv; ``${SOFTPROBE_OVERLAY}`` in an item is replaced by the overlay folder's path.
+    command: list[StrictStr] = Field(min_length=1)
+    output: Literal["text", "json"] = "text"
+    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _TOOL_NAME.match(value):
+            raise ValueError(f"tool name {value!r} must be a letter then letters, digits, '_', '.' or '-' (64 at most)")
+        if value in BUILTIN_TOOLS:
+            raise ValueError(f"tool name {value!r} is a built-in tool's")
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _object_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type", "object") != "object":
+            raise ValueError("a tool's args schema must be of type object")
+        return value
+
+    def manifest_entry(self) -> dict[str, Any]:
+        """The entry of the shim's tool manifest (``tools.json``) for this tool."""
+        entry: dict[str, Any] = {
+            "description": self.description, "command": list(self.command), "args": self.args, "output": self.output,
+        }
+        if self.timeout_s is not None:
+            entry["timeout_s"] = self.timeout_s
+        return entry
+
+
+class ToolOverlay(BaseModel):
+    """Tools added without an image build: manifest entries plus a folder of files (scripts)
+    copied, read-only to the agent, into the sandbox's overlay folder at every start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tools: tuple[ToolSpec, ...] = ()
+    files_root: Path | None = None
+
+    @model_validator(mode="after")
+    def _unique(self) -> ToolOverlay:
+        names = [t.name for t in self.tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"tool names must be unique; repeated: {', '.join(duplicates)}")
+        if self.files_root is not None and not self.files_root.is_dir():
+            raise ValueError(f"overlay files_root {self.files_root} is not a directory")
+        return self
+
+    @property
+    def empty(self) -> bool:
+        """No tools and no files: nothing to install."""
+        return not self.tools and self.files_root is None
+
+
+class HealthCheck(BaseModel):
+    """How to tell a service is ready: ``test`` run inside its container (Docker's healthcheck).
+
+    ``test`` is an argv (``["CMD", ...]`` or ``["CMD-SHELL", "..."]`` as in Compose, or a plain
+    argv, taken as ``CMD``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    test: list[StrictStr] = Field(min_length=1)
+    interval_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
+    timeout_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    retries: int = Field(default=60, ge=1)
+    start_period_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+    def docker_test(self) -> list[str]:
+        """``test`` in the form Docker's API takes."""
+        return self.test if self.test[0] in ("CMD", "CMD-SHELL", "NONE") else ["CMD", *self.test]
+
+
+class ServiceSpec(BaseModel):
+    """A sidecar container of the world, reachable from the agent's container by ``name``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: StrictStr
+    image: StrictStr = Field(min_length=1)
+    command: list[StrictStr] | None = None
+    environment: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    healthcheck: HealthCheck | None = None
+    depends_on: tuple[StrictStr, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not _SERVICE_NAME.match(value) or value.endswith("-"):
+            raise ValueError(
+                f"service name {value!r} must be a DNS label: lower-case letters, digits and '-', "
+                "starting with a letter"
+            )
+        if value in ("agent", "egress-proxy"):
+            raise ValueError(f"service name {value!r} is reserved")
+        return value
+
+
+class NetworkPolicy(BaseModel):
+    """What the agent's container may reach.
+
+    - ``none`` (default): no network at all (and no services).
+    - ``services``: only the episode's own services, on a private network with no route out.
+    - ``egress``: the services, plus the ``allow``-listed ``host:port`` pairs through a forward
+      proxy run for the episode (``HTTP_PROXY``/``HTTPS_PROXY`` point at it); every other
+      destination is refused by the proxy and reported.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["none", "services", "egress"] = "none"
+    allow: tuple[StrictStr, ...] = ()
+
+    @field_validator("allow")
+    @classmethod
+    def _host_ports(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            match = _HOST_PORT.match(item)
+            if not match or not 0 < int(match["port"]) < 65536:
+                raise ValueError(f"egress allow entry {item!r} must be host:port (port 1-65535)")
+        return value
+
+    @model_validator(mode="after")
+    def _allow_needs_egress(self) -> NetworkPolicy:
+        if self.allow and self.mode != "egress":
+            raise ValueError(f"an allow-list needs mode egress (mode is {self.mode!r})")
+        return self
+
+
+class World(BaseModel):
+    """Everything of an episode's world besides the agent image and the seed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tools: ToolOverlay = Field(default_factory=ToolOverlay)
+    services: tuple[ServiceSpec, ...] = ()
+    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> World:
+        names = [s.name for s in self.services]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"service names must be unique; repeated: {', '.join(repeated)}")
+        for service in self.services:
+            unknown = [d for d in service.depends_on if d not in names]
+            if unknown:
+                raise ValueError(f"service {service.name!r} depends on unknown service(s): {', '.join(unknown)}")
+        _check_acyclic(self.services)
+        if self.services and self.network.mode == "none":
+            raise ValueError(
+                "services are unreachable under network mode 'none'; use mode 'services' (only the "
+                "episode's own services) or 'egress'"
+            )
+        return self
+
+    @property
+    def has_containers(self) -> bool:
+        """Whether the world needs more than the agent's own container (services or a proxy)."""
+        return bool(self.services) or self.network.mode != "none"
+
+
+def _check_acyclic(services: tuple[ServiceSpec, ...]) -> None:
+    deps = {s.name: s.depends_on for s in services}
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            raise ValueError("services depend on each other in a cycle: " + " -> ".join([*path, name]))
+        state[name] = 1
+        for dep in deps.get(name, ()):
+            visit(dep, [*path, name])
+        state[name] = 2
+
+    for name in deps:
+        visit(name, [])
+
+
+__all__ = ["BUILTIN_TOOLS", "OVERLAY_PLACEHOLDER", "HealthCheck", "NetworkPolicy", "ServiceSpec", "ToolOverlay",
+           "ToolSpec", "World"]
