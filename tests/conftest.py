@@ -116,9 +116,11 @@ def no_leaks_after_suite() -> Iterator[None]:
     owner = f"{L.OWNER}={L.current_owner()}"
     containers = client.containers.list(all=True, filters={"label": owner})
     images = client.images.list(filters={"label": owner})
+    networks = client.networks.list(filters={"label": owner})
     client.close()
     assert not containers, f"leaked containers: {[c.name for c in containers]}"
     assert not images, f"leaked images: {[i.id for i in images]}"
+    assert not networks, f"leaked networks: {[n.name for n in networks]}"
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from softprobe.gym.actions import TerminateAction, ToolAction
+from softprobe.gym.worlds import EgressReport
 
 
 class EpisodeState(str, Enum):
@@ -154,6 +155,10 @@ class FinalizeResult(BaseModel):
         description="workspace entries not recreated on the host (links leading out, FIFOs)",
     )
     source_trace_id: str = Field(description="the trace id on every step of the trajectory")
+    egress: EgressReport | None = Field(
+        default=None,
+        description="under network mode egress: every destination the episode's proxy allowed or refused",
+    )
 
 
 class CheckpointRecord(BaseModel):

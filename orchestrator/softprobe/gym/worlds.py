@@ -204,6 +204,26 @@ class World(BaseModel):
         return bool(self.services) or self.network.mode != "none"
 
 
+class EgressDecision(BaseModel):
+    """One decision of an episode's egress proxy."""
+
+    event: Literal["allowed", "refused", "failed"]
+    destination: str
+    method: str
+    detail: str = ""
+
+
+class EgressReport(BaseModel):
+    """What an episode under network mode ``egress`` tried to reach, in order."""
+
+    decisions: list[EgressDecision] = Field(default_factory=list)
+
+    @property
+    def refused(self) -> list[EgressDecision]:
+        """The destinations the proxy refused."""
+        return [d for d in self.decisions if d.event == "refused"]
+
+
 def _check_acyclic(services: tuple[ServiceSpec, ...]) -> None:
     deps = {s.name: s.depends_on for s in services}
     state: dict[str, int] = {}
@@ -222,5 +242,5 @@ def _check_acyclic(services: tuple[ServiceSpec, ...]) -> None:
         visit(name, [])
 
 
-__all__ = ["BUILTIN_TOOLS", "OVERLAY_PLACEHOLDER", "HealthCheck", "NetworkPolicy", "ServiceSpec", "ToolOverlay",
-           "ToolSpec", "World"]
+__all__ = ["BUILTIN_TOOLS", "OVERLAY_PLACEHOLDER", "EgressDecision", "EgressReport", "HealthCheck", "NetworkPolicy",
+           "ServiceSpec", "ToolOverlay", "ToolSpec", "World"]

@@ -240,6 +240,8 @@ class HostEnvironment:
             await asyncio.to_thread(store.clear_workspace)
             episode.require_not_destroyed("finalize")
             skipped = await self._collect_workspace(episode) if episode.broken is None else []
+            # What the world's egress proxy saw (None unless the network policy is egress).
+            egress = await episode.runtime.sandbox.egress_report() if episode.runtime and not episode.broken else None
             last = episode.steps[-1] if episode.steps else None
             final_output = last.action.output if last is not None and isinstance(last.action, TerminateAction) else None
             result = FinalizeResult(
@@ -256,6 +258,7 @@ class HostEnvironment:
                 result_path=store.result_path,
                 skipped_paths=skipped,
                 source_trace_id=episode.source_trace_id,
+                egress=egress,
             )
             store.write_result(result.model_dump_json(indent=2))
             store.close_trajectory()

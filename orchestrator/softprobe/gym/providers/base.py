@@ -22,7 +22,7 @@ from softprobe.gym.errors import CapabilityError, ConfigurationError
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.settings import ContainerSettings
 from softprobe.gym.shim.client import LineChannel
-from softprobe.gym.worlds import World
+from softprobe.gym.worlds import EgressReport, World
 
 #: Where the workspace is, as the agent and the host's records name it.
 WORKSPACE = "/workspace"
@@ -79,6 +79,11 @@ class Sandbox(ABC):
     async def why_lost(self, reason: str) -> str:
         """``reason`` (the channel broke), plus whatever the provider knows about why."""
         return reason
+
+    async def egress_report(self) -> EgressReport | None:
+        """Under network mode ``egress``: what the world's proxy allowed and refused so far;
+        None for any other world."""
+        return None
 
     @abstractmethod
     async def remove(self) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import os
 import tarfile
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,8 +32,16 @@ from softprobe.gym.providers.docker.errors import ENGINE_ERRORS, translate
 from softprobe.gym.providers.docker.retry import control_plane
 from softprobe.gym.providers.docker.sandbox import DockerSandbox
 from softprobe.gym.providers.docker.uids import EpisodeIds, UidAllocator
+from softprobe.gym.providers.docker.world import (
+    NO_UPSTREAM_DNS,
+    WorldBuilder,
+    WorldContainers,
+    proxy_environment,
+    service_images,
+)
 from softprobe.gym.settings import ContainerSettings, parse_size
 from softprobe.gym.shim import SHIM_SHA256, shim_source
+from softprobe.gym.worlds import World
 
 SHIM_PATH = "/opt/softprobe/agent_shim.py"
 #: overlay2 refuses more than ~125 layers; a commit that would reach this many flattens instead.
@@ -50,6 +59,7 @@ class _ImageInfo:
     uid: int
     gid: int
     shim_baked: bool
+    services: dict[str, str]  # a world checkpoint's service images, by service name
 
 
 class DockerProvider(Provider):
@@ -59,6 +69,9 @@ class DockerProvider(Provider):
         docker_host: engine address; default as in :func:`connect_docker`.
         max_workers: threads for blocking Docker calls (also the HTTP connection pool size), so
             that many episodes can start, copy and stop at once.
+        egress_network: the network through which the egress proxy of a world under network
+            mode ``egress`` reaches the allowed destinations (default ``bridge``: the outside).
+        service_start_timeout_s: how long a world's services may take to become healthy.
     """
 
     name = "docker"
@@ -70,8 +83,12 @@ class DockerProvider(Provider):
         docker_host: str | None = None,
         max_workers: int = 32,
         flatten_at_layers: int = FLATTEN_AT_LAYERS,
+        egress_network: str = "bridge",
+        service_start_timeout_s: float = 120.0,
     ) -> None:
         self.engine = DockerEngine(docker_host=docker_host, max_workers=max_workers)
+        self.worlds = WorldBuilder(self.engine, egress_network)
+        self.service_start_timeout_s = service_start_timeout_s
         self.flatten_at_layers = flatten_at_layers
         self._image_info: dict[str, _ImageInfo] = {}
         self._uids = UidAllocator()
@@ -107,9 +124,60 @@ class DockerProvider(Provider):
                 "restart dockerd; on Docker Desktop add the same under Settings > Docker Engine."
             )
 
+    def check_world(self, world: World, settings: ContainerSettings) -> None:
+        """Refuse a world this engine cannot run: services with a container network of their
+        own, or under a runtime registered without networking.
+
+        Raises:
+            ConfigurationError: the message says what to change.
+        """
+        try:
+            self.worlds.check(world, settings)
+        except ENGINE_ERRORS as err:
+            raise translate(err, "info") from err
+
     # -- start ---------------------------------------------------------------------------------
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
+        if not spec.world.has_containers:
+            return await self._start_agent(spec, None)
+        # The network first (every container of the world joins it), then the services, the
+        # proxy and the agent's container all at once; the sandbox is returned when all are up.
+        info = await self.engine.run(self._image_info_for, spec.image, spec.settings.user)
+        world = WorldContainers(network=await self.engine.run(self.worlds.create_network, spec.labels))
+        deadline = time.monotonic() + self.service_start_timeout_s
+        services = asyncio.ensure_future(self.engine.run(
+            self.worlds.start_services, spec.world, world.network, spec.labels, spec.settings, info.services,
+            deadline))
+        proxy = asyncio.ensure_future(self.engine.run(
+            self.worlds.start_proxy, spec.world, info.image_id, world.network, spec.labels, spec.settings
+        )) if spec.world.network.mode == "egress" else None
+        agent: asyncio.Future[Sandbox] = asyncio.ensure_future(self._start_agent(spec, world))
+        parts = [f for f in (services, proxy, agent) if f is not None]
+        try:
+            await asyncio.gather(*parts)
+        except BaseException:
+            # Whatever did start goes, and the network with it.
+            await asyncio.shield(asyncio.gather(*parts, return_exceptions=True))
+            for part in parts:
+                if not part.cancelled() and part.exception() is None:
+                    done = part.result()
+                    if isinstance(done, DockerSandbox):
+                        done.world = None  # removed below, once every member is known
+                        await asyncio.shield(done.remove())
+                    else:
+                        world.services.update(done if isinstance(done, dict) else {})
+                        world.proxy = done if isinstance(done, str) else world.proxy
+            await asyncio.shield(self.engine.run(self.worlds.remove, world))
+            raise
+        world.services.update(services.result())
+        world.proxy = proxy.result() if proxy is not None else None
+        sandbox = agent.result()
+        assert isinstance(sandbox, DockerSandbox)
+        sandbox.world = world
+        return sandbox
+
+    async def _start_agent(self, spec: SandboxSpec, world: WorldContainers | None) -> Sandbox:
         info = await self.engine.run(self._image_info_for, spec.image, spec.settings.user)
         seed = spec.seed_root if spec.copy_seed else None
         # Small seeds travel through the shim after start (no extra Docker call); large ones,
@@ -126,7 +194,7 @@ class DockerProvider(Provider):
             raise SandboxError("a checkpoint image is started without seed files")
         ids = self._uids.allocate(spec.settings, info)
         try:
-            container_id = await self.engine.run(self._create, spec, info, ids)
+            container_id = await self.engine.run(self._create, spec, info, ids, world)
         except BaseException:
             self._uids.release(ids)
             raise
@@ -148,7 +216,7 @@ class DockerProvider(Provider):
                 self._uids.release(ids)
             raise
         return DockerSandbox(self.engine, container_id, info.image_id, channel, info.user, ids, self._uids.release,
-                             pending_seed=shim_seed)
+                             pending_seed=shim_seed, world=world, builder=self.worlds)
 
     def _image_info_for(self, image: str, user: str | None) -> _ImageInfo:
         try:
@@ -163,8 +231,9 @@ class DockerProvider(Provider):
             config = attrs.get("Config") or {}
             wanted = user if user is not None else (config.get("User") or None)
             uid, gid, resolved = self._resolve_user(attrs["Id"], wanted)
-            baked = ((config.get("Labels") or {}).get(L.SHIM_SHA256)) == SHIM_SHA256
-            self._image_info[key] = _ImageInfo(attrs["Id"], resolved, uid, gid, baked)
+            image_labels = config.get("Labels") or {}
+            baked = image_labels.get(L.SHIM_SHA256) == SHIM_SHA256
+            self._image_info[key] = _ImageInfo(attrs["Id"], resolved, uid, gid, baked, service_images(image_labels))
         return self._image_info[key]
 
     @control_plane
@@ -255,10 +324,21 @@ class DockerProvider(Provider):
         return self._seed_archives[key]
 
     @control_plane
-    def _create(self, spec: SandboxSpec, info: _ImageInfo, ids: EpisodeIds) -> str:
+    def _create(self, spec: SandboxSpec, info: _ImageInfo, ids: EpisodeIds, world: WorldContainers | None) -> str:
         settings = spec.settings
         api = self.client.api
-        host_config = api.create_host_config(**host_config_kwargs(settings))
+        kwargs = host_config_kwargs(settings)
+        environment = dict(settings.environment)
+        networking = None
+        if world is not None:
+            # Only the world's own network, under the name "agent"; no upstream DNS.
+            kwargs.update(network_mode=world.network, dns=NO_UPSTREAM_DNS)
+            # The stub types the argument as one EndpointConfig; the API takes {network: config}.
+            networking = api.create_networking_config(
+                {world.network: api.create_endpoint_config(aliases=["agent"])})  # type: ignore[arg-type]
+            if spec.world.network.mode == "egress":
+                environment.update(proxy_environment([s.name for s in spec.world.services]))
+        host_config = api.create_host_config(**kwargs)
         response = api.create_container(
             info.image_id,
             # -I: no user site, no PYTHON* variables, no script folder on sys.path, so nothing
@@ -272,10 +352,11 @@ class DockerProvider(Provider):
             working_dir=WORKSPACE,
             stdin_open=True,
             tty=False,
-            environment=dict(settings.environment),
+            environment=environment,
             labels={**spec.labels, L.AGENT_UID: str(ids.agent_uid)},
-            network_disabled=settings.network == "none",
+            network_disabled=settings.network == "none" and world is None,
             host_config=host_config,
+            networking_config=networking,
         )
         container_id: str = response["Id"]
         return container_id
@@ -324,6 +405,9 @@ class DockerProvider(Provider):
     async def remove_labelled(self, labels: dict[str, str]) -> list[str]:
         ids = await self.engine.run(self._list_containers, labels)
         await asyncio.gather(*(self.engine.run(self.engine.remove_container, cid) for cid in ids))
+        # A world's network goes once its members have.
+        for network in await self.engine.run(self.worlds.list_networks, labels):
+            await self.engine.run(self.worlds.remove_network, network["Id"])
         return ids
 
     @control_plane
@@ -335,6 +419,17 @@ class DockerProvider(Provider):
         return await self.engine.run(self._remove_image, image_id)
 
     def _remove_image(self, image_id: str) -> bool:
+        try:
+            labels = (self._inspect_image(image_id).get("Config") or {}).get("Labels") or {}
+        except ImageNotFoundError:
+            return True
+        if not self._remove_one_image(image_id):
+            return False
+        # A world checkpoint: its services' snapshots go with the agent's.
+        self.worlds.remove_images(service_images(labels).values())
+        return True
+
+    def _remove_one_image(self, image_id: str) -> bool:
         try:
             # Not forced: a forced removal of an image with dependants only untags it.
             control_plane(self.client.api.remove_image)(image_id)
@@ -372,6 +467,9 @@ class DockerProvider(Provider):
                 pending = left
             for image in pending:
                 report.removed_images.remove(image["Id"])
+        for network in self.worlds.list_networks({L.MANAGED: "true"}):
+            if self._doomed(network.get("Labels") or {}, everything, report) and not dry_run:
+                self.worlds.remove_network(network["Id"])
         return report
 
     @staticmethod

@@ -20,8 +20,10 @@ from softprobe.gym.providers.base import Sandbox
 from softprobe.gym.providers.docker.engine import DockerEngine
 from softprobe.gym.providers.docker.retry import control_plane
 from softprobe.gym.providers.docker.uids import EpisodeIds
+from softprobe.gym.providers.docker.world import WORLD_SERVICES, WorldBuilder, WorldContainers
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.shim.client import LineChannel
+from softprobe.gym.worlds import EgressReport
 
 
 class DockerSandbox(Sandbox):
@@ -34,6 +36,8 @@ class DockerSandbox(Sandbox):
         user: the image user tools run as (kept in a flattened checkpoint's configuration).
         ids: the uids allocated to the episode; ``release(ids)`` is called once it is removed.
         pending_seed: seed files the shim extracts after its handshake, or None.
+        world: the world's other containers and network, removed and committed with it.
+        builder: what manages ``world``.
     """
 
     def __init__(
@@ -46,6 +50,8 @@ class DockerSandbox(Sandbox):
         ids: EpisodeIds,
         release: Callable[[EpisodeIds], None],
         pending_seed: bytes | None = None,
+        world: WorldContainers | None = None,
+        builder: WorldBuilder | None = None,
     ) -> None:
         self._engine = engine
         self.sandbox_id = container_id
@@ -56,6 +62,14 @@ class DockerSandbox(Sandbox):
         self._user = user
         self._release = release
         self._removed = False
+        self.world = world
+        self._builder = builder
+
+    async def egress_report(self) -> EgressReport | None:
+        if self.world is None or self.world.proxy is None or self._builder is None:
+            return None
+        records = await self._engine.run(self._builder.egress_log, self.world)
+        return EgressReport.model_validate({"decisions": records})
 
     async def why_lost(self, reason: str) -> str:
         """``reason``, plus what the engine knows: a container the kernel OOM-killed as a whole
@@ -92,11 +106,23 @@ class DockerSandbox(Sandbox):
             stream.close()
 
     def commit_image(self, labels: dict[str, str], max_bytes: int | None, flatten_at_layers: int) -> str:
-        """Commit the container as an image carrying ``labels`` (blocking); a chain of
-        ``flatten_at_layers`` layers is flattened instead. See :meth:`Provider.commit`."""
-        api = self._engine.api
+        """Commit the container (and its world's services) as an image carrying ``labels``
+        (blocking); a chain of ``flatten_at_layers`` layers is flattened instead. See
+        :meth:`Provider.commit`."""
         if max_bytes is not None:
             self._check_size(max_bytes)
+        if self.world is None or not self.world.services or self._builder is None:
+            return self._commit_agent(labels, flatten_at_layers)
+        services = self._builder.commit_services(self.world, labels)
+        try:
+            return self._commit_agent({**labels, WORLD_SERVICES: json.dumps(services, sort_keys=True)},
+                                      flatten_at_layers)
+        except BaseException:
+            self._builder.remove_images(services.values())
+            raise
+
+    def _commit_agent(self, labels: dict[str, str], flatten_at_layers: int) -> str:
+        api = self._engine.api
         image = control_plane(api.inspect_image)(self.image_id)
         if len(image["RootFS"]["Layers"]) + 1 >= flatten_at_layers:
             return self._flatten(image["Config"] or {}, labels)
@@ -139,6 +165,8 @@ class DockerSandbox(Sandbox):
         self.channel.close()
         try:
             await asyncio.shield(self._engine.run(self._engine.remove_container, self.sandbox_id))
+            if self.world is not None and self._builder is not None:
+                await asyncio.shield(self._engine.run(self._builder.remove, self.world))
         finally:
             self._release(self.ids)
 

@@ -1,0 +1,315 @@
+"""The containers of a world around the agent's: a private network, service sidecars, and the
+egress proxy (all blocking calls; the provider runs them on the engine's threads).
+
+Each episode with services or a network policy gets a network of its own, created ``internal``
+(Docker gives it no route out). Services join it under their names, the agent's container under
+``agent``; nothing else does, so one episode never reaches another's services. Under ``egress``
+the proxy container is the only member of both that network and the provider's egress network.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+
+from softprobe.gym.errors import ConfigurationError, SandboxError, SandboxStartError
+from softprobe.gym.providers.docker.engine import DockerEngine
+from softprobe.gym.providers.docker.retry import control_plane
+from softprobe.gym.settings import ContainerSettings
+from softprobe.gym.worlds import ServiceSpec, World
+
+#: Label on a checkpoint image of a world's agent: ``{service name: image id}`` of the service
+#: images committed with it, so a restore starts each service from its own snapshot.
+WORLD_SERVICES = "softprobe.gym.world-services"
+#: Label on every service and proxy container: which part of the world it is.
+WORLD_ROLE = "softprobe.gym.world-role"
+PROXY_NAME = "egress-proxy"
+PROXY_PORT = 3128
+#: Given to the agent's and the services' containers as their upstream DNS: Docker's embedded
+#: DNS still answers the world's own names, but nothing it cannot answer is forwarded out, so
+#: a name lookup is not a way to send data out of a world with no route out.
+NO_UPSTREAM_DNS = ["127.0.0.1"]
+_PROXY_SOURCE = (Path(__file__).parent / "egress_proxy.py").read_text()
+
+
+@dataclass
+class WorldContainers:
+    """What a started world holds besides the agent's container."""
+
+    network: str
+    services: dict[str, str] = field(default_factory=dict)  # name -> container id
+    proxy: str | None = None
+
+
+
+def proxy_environment(service_names: list[str]) -> dict[str, str]:
+    """The agent's proxy variables (both spellings: tools differ) under network mode egress;
+    the world's own services are reached directly."""
+    url = f"http://{PROXY_NAME}:{PROXY_PORT}"
+    direct = ",".join([*service_names, "localhost", "127.0.0.1"])
+    return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
+            "NO_PROXY": direct, "no_proxy": direct}
+
+
+class WorldBuilder:
+    """Creates, commits and removes the containers and network of worlds on one engine.
+
+    Args:
+        engine: the engine.
+        egress_network: the network the egress proxy reaches the outside through.
+    """
+
+    def __init__(self, engine: DockerEngine, egress_network: str) -> None:
+        self.engine = engine
+        self.egress_network = egress_network
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def check(self, world: World, settings: ContainerSettings) -> None:
+        """Refuse a world this engine cannot run, before any episode starts (blocking)."""
+        if not world.has_containers:
+            return
+        if settings.network != "none":
+            raise ConfigurationError(
+                f"container network {settings.network!r} would give the agent a second way out; a world "
+                "with services or a network policy sets its own network (leave container.network at 'none')"
+            )
+        if settings.runtime is not None:
+            runtimes = control_plane(self.engine.client.info)().get("Runtimes") or {}
+            args = (runtimes.get(settings.runtime) or {}).get("runtimeArgs") or []
+            if "--network=none" in args:
+                raise ConfigurationError(
+                    f"runtime {settings.runtime!r} is registered with --network=none, so its containers have no "
+                    "network and services are unreachable; register it without that flag for worlds with services"
+                )
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def create_network(self, labels: dict[str, str]) -> str:
+        """A new internal network for one episode; return its name."""
+        name = f"softprobe-{uuid.uuid4().hex[:16]}"
+        try:
+            control_plane(self.engine.api.create_network)(
+                name, driver="bridge", internal=True, labels={**labels, WORLD_ROLE: "network"}, check_duplicate=True,
+            )
+        except docker.errors.APIError as err:
+            if "address pool" in str(err) or "available" in str(err.explanation or ""):
+                raise SandboxStartError(
+                    "Docker has no free address pool for another network (each episode with services uses "
+                    "one; the default pools allow about 30). Lower concurrency, or give dockerd more with "
+                    '"default-address-pools" in daemon.json, e.g. [{"base": "10.200.0.0/16", "size": 24}].'
+                ) from None
+            raise
+        return name
+
+    def start_services(
+        self, world: World, network: str, labels: dict[str, str], settings: ContainerSettings,
+        images: dict[str, str], deadline: float,
+    ) -> dict[str, str]:
+        """Start the world's services in dependency order (a service starts once everything it
+        depends on is healthy); return ``{name: container id}`` once all are healthy."""
+        started: dict[str, str] = {}
+        pending = list(world.services)
+        try:
+            while pending:
+                ready = [s for s in pending if all(d in started for d in s.depends_on)]
+                for service in ready:
+                    started[service.name] = self._start_service(
+                        service, images.get(service.name, service.image), network, labels, settings)
+                for service in ready:
+                    self._wait_healthy(service, started[service.name], deadline)
+                pending = [s for s in pending if s.name not in started]
+        except BaseException:
+            for container_id in started.values():
+                self.engine.remove_container(container_id)
+            raise
+        return started
+
+    def _start_service(
+        self, service: ServiceSpec, image: str, network: str, labels: dict[str, str], settings: ContainerSettings,
+    ) -> str:
+        api = self.engine.api
+        healthcheck = None
+        if service.healthcheck is not None:
+            check = service.healthcheck
+            healthcheck = {
+                "test": check.docker_test(), "interval": int(check.interval_s * 1e9),
+                "timeout": int(check.timeout_s * 1e9), "retries": check.retries,
+                "start_period": int(check.start_period_s * 1e9),
+            }
+        host_config = api.create_host_config(
+            network_mode=network, dns=NO_UPSTREAM_DNS, init=False, mem_limit=settings.memory,
+            memswap_limit=settings.memory, pids_limit=settings.pids_limit, nano_cpus=int(settings.cpus * 1e9),
+            security_opt=["no-new-privileges:true"], log_config={"type": "none", "config": {}},
+            **({"runtime": settings.runtime} if settings.runtime else {}),
+        )
+        try:
+            response = control_plane(api.create_container)(
+                image, command=service.command, environment=dict(service.environment),
+                labels={**labels, WORLD_ROLE: f"service:{service.name}"}, healthcheck=healthcheck,
+                host_config=host_config, hostname=service.name,
+                networking_config=api.create_networking_config(
+                    {network: api.create_endpoint_config(aliases=[service.name])}),
+            )
+        except docker.errors.ImageNotFound:
+            raise SandboxStartError(
+                f"service {service.name!r}: image {image!r} is not on this Docker engine; build it (a bundle's "
+                "build: services are built by `softprobe-gym bundle build`) or pull it"
+            ) from None
+        container_id = str(response["Id"])
+        try:
+            control_plane(api.start)(container_id)
+        except BaseException:
+            self.engine.remove_container(container_id)
+            raise
+        return container_id
+
+    def _wait_healthy(self, service: ServiceSpec, container_id: str, deadline: float) -> None:
+        """Return once the service is healthy (or running, without a healthcheck)."""
+        delay = 0.01
+        while True:
+            state = self.engine.container_state(container_id)
+            health = (state.get("Health") or {}).get("Status")
+            if not state.get("Running"):
+                raise SandboxStartError(
+                    f"service {service.name!r} exited with code {state.get('ExitCode')} before it was ready"
+                    f"{_last_probe(state)}; check its image and command"
+                )
+            if service.healthcheck is None or health == "healthy":
+                return
+            if health == "unhealthy":
+                raise SandboxStartError(f"service {service.name!r} is unhealthy{_last_probe(state)}")
+            if time.monotonic() > deadline:
+                raise SandboxStartError(
+                    f"service {service.name!r} was not healthy in time{_last_probe(state)}; raise its "
+                    "healthcheck retries or check that it starts"
+                )
+            # Docker has no event for "became healthy" that a blocking call could wait on
+            # without a second stream per service; a short, growing poll is cheap here.
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def start_proxy(
+        self, world: World, image: str, network: str, labels: dict[str, str], settings: ContainerSettings,
+    ) -> str:
+        """The egress proxy for ``world``'s allow-list, on ``network`` and the egress network."""
+        api = self.engine.api
+        host_config = api.create_host_config(
+            network_mode=network, init=False, mem_limit="128m", memswap_limit="128m", pids_limit=64,
+            cap_drop=["ALL"], security_opt=["no-new-privileges:true"], read_only=True,
+            # Its stdout is the egress report: kept, bounded.
+            log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
+        )
+        response = control_plane(api.create_container)(
+            image, entrypoint=["python3", "-I", "-u", "-c", _PROXY_SOURCE], command=list(world.network.allow),
+            user=str(65534), labels={**labels, WORLD_ROLE: "proxy"}, host_config=host_config,
+            networking_config=api.create_networking_config(
+                {network: api.create_endpoint_config(aliases=[PROXY_NAME])}),
+        )
+        container_id = str(response["Id"])
+        try:
+            control_plane(api.connect_container_to_network)(container_id, self.egress_network)
+            control_plane(api.start)(container_id)
+            self._wait_listening(container_id)
+        except BaseException:
+            self.engine.remove_container(container_id)
+            raise
+        return container_id
+
+    def _wait_listening(self, container_id: str) -> None:
+        """Return once the proxy printed its first line (it listens from then on)."""
+        for line in self.engine.api.logs(container_id, stream=True, follow=True, stdout=True, stderr=True):
+            if b'"listening"' in line:
+                return
+            raise SandboxStartError(f"the egress proxy did not start: {line[:300]!r}")
+        raise SandboxStartError("the egress proxy exited before it listened")
+
+    # -- snapshot, report, removal -------------------------------------------------------------
+
+    def commit_services(self, world: WorldContainers, labels: dict[str, str]) -> dict[str, str]:
+        """Commit each service container as an image carrying ``labels``; ``{name: image id}``."""
+        committed: dict[str, str] = {}
+        try:
+            for name, container_id in world.services.items():
+                # Paused: a service keeps running between steps, and its files must be consistent.
+                response = control_plane(self.engine.api.commit)(container_id, conf={"Labels": labels}, pause=True)
+                committed[name] = str(response["Id"])
+        except BaseException:
+            self.remove_images(committed.values())
+            raise
+        return committed
+
+    def remove_images(self, image_ids: Any) -> None:
+        for image_id in image_ids:
+            try:
+                control_plane(self.engine.api.remove_image)(image_id)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as err:
+                if err.status_code != 409:  # still used by a running service: swept later
+                    raise
+
+    def egress_log(self, world: WorldContainers) -> list[dict[str, Any]]:
+        """The proxy's decisions so far (empty without a proxy)."""
+        if world.proxy is None:
+            return []
+        try:
+            raw = control_plane(self.engine.api.logs)(world.proxy, stdout=True, stderr=False)
+        except docker.errors.NotFound:
+            return []
+        records = []
+        for line in bytes(raw).decode("utf-8", "replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("event") in ("allowed", "refused", "failed"):
+                records.append(record)
+        return records
+
+    def remove(self, world: WorldContainers) -> None:
+        """Remove the world's containers, then its network. Idempotent."""
+        for container_id in [*world.services.values(), *([world.proxy] if world.proxy else [])]:
+            self.engine.remove_container(container_id)
+        self.remove_network(world.network)
+
+    def remove_network(self, network: str) -> None:
+        try:
+            control_plane(self.engine.api.remove_network)(network)
+        except docker.errors.NotFound:
+            pass
+
+    def list_networks(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        networks: list[dict[str, Any]] = control_plane(self.engine.api.networks)(filters=filters)
+        return networks
+
+
+def _last_probe(state: dict[str, Any]) -> str:
+    log = (state.get("Health") or {}).get("Log") or []
+    if not log:
+        return ""
+    output = str(log[-1].get("Output") or "").strip().splitlines()
+    return f" (last healthcheck: exit {log[-1].get('ExitCode')}{': ' + output[-1][:200] if output else ''})"
+
+
+def service_images(image_labels: dict[str, str]) -> dict[str, str]:
+    """The service images a world checkpoint's agent image names (empty for any other image)."""
+    raw = image_labels.get(WORLD_SERVICES)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise SandboxError(f"checkpoint label {WORLD_SERVICES} is not JSON") from None
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+__all__ = ["NO_UPSTREAM_DNS", "PROXY_NAME", "WORLD_ROLE", "WORLD_SERVICES", "WorldBuilder", "WorldContainers",
+           "proxy_environment", "service_images"]
