@@ -81,6 +81,23 @@ def owned_by_process(pid: int) -> tuple[list[str], list[str]]:
     return mine(containers), mine(images)
 
 
+def networks_of_process(pid: int) -> list[str]:
+    """Ids of the networks (of worlds with services) the process ``pid`` of this machine made."""
+    import os
+
+    import docker
+
+    from softprobe.gym import labels as L
+
+    prefix = f"{os.uname().nodename}:{pid}:"
+    client = docker.from_env()
+    try:
+        networks = client.api.networks(filters={"label": L.MANAGED})
+    finally:
+        client.close()
+    return sorted(n["Id"] for n in networks if (n.get("Labels") or {}).get(L.OWNER, "").startswith(prefix))
+
+
 def this_process(*labels: str) -> dict[str, list[str]]:
     """A Docker label filter for ``labels`` that also requires this test process as the owner."""
     from softprobe.gym import labels as L

@@ -13,6 +13,11 @@ async def main(run_root: str, image: str) -> None:
         await host.reset(episode_id=f"orphan-{i}")
     await host.step(episode_id="orphan-0", action={"type": "tool", "name": "fs.write", "args": {"path": "a"}})
     await host.checkpoint(episode_id="orphan-0")
+    # A world with a service: its network and sidecar are left behind too.
+    world = create_host_environment(run_root=run_root + "-world", image=image, services=[
+        {"name": "idle", "image": image, "command": ["sleep", "600"]}])
+    await world.create_episode(episode_id="orphan-world")
+    await world.reset(episode_id="orphan-world")
     print("ready", flush=True)
     await asyncio.Event().wait()  # until SIGKILL
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from helpers import BASE, SUPPORT_DESK, owned_by_process, ready, this_process
+from helpers import BASE, SUPPORT_DESK, networks_of_process, owned_by_process, ready, this_process
 from testcontainers.core.container import DockerContainer
 
 from softprobe.gym import labels as L
@@ -50,7 +50,8 @@ async def test_gc_removes_what_a_sigkilled_host_left_and_nothing_else(tmp_path, 
     with DockerContainer(BASE).with_command("sleep 600") as unrelated:
         child = start_orphan(tmp_path)
         containers, images = owned_by_process(child.pid)  # counted while it lives: nobody sweeps it
-        assert len(containers) == 3 and len(images) == 1
+        assert len(containers) == 3 + 2 and len(images) == 1  # three episodes, one world of agent + service
+        assert len(networks_of_process(child.pid)) == 1
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
         child.stdout.close(), child.stderr.close()
@@ -61,9 +62,10 @@ async def test_gc_removes_what_a_sigkilled_host_left_and_nothing_else(tmp_path, 
         left_containers, left_images = owned_by_process(child.pid)
         assert set(left_containers) <= set(planned["removed_containers"])
         assert set(left_images) <= set(planned["removed_images"])
+        assert set(networks_of_process(child.pid)) <= set(planned["removed_networks"])
 
         gc()
-        assert owned_by_process(child.pid) == ([], [])
+        assert owned_by_process(child.pid) == ([], []) and networks_of_process(child.pid) == []
 
         unrelated_container = unrelated.get_wrapped_container()
         unrelated_container.reload()
@@ -80,4 +82,4 @@ async def test_a_new_host_sweeps_dead_owners_on_first_use(tmp_path, host):
     child.stdout.close(), child.stderr.close()
     assert owned_by_process(child.pid)[0]
     await ready(host, "sweeper")  # the first reset of a host sweeps
-    assert owned_by_process(child.pid) == ([], [])
+    assert owned_by_process(child.pid) == ([], []) and networks_of_process(child.pid) == []

@@ -80,9 +80,9 @@ def _parser() -> argparse.ArgumentParser:
 
     gc = commands.add_parser(
         "gc",
-        help="remove containers and images left by host processes that are gone",
+        help="remove containers, images and networks left by host processes that are gone",
         description=(
-            "Remove every container and checkpoint image labelled by softprobe-gym whose owning "
+            "Remove every container, checkpoint image and world network labelled by softprobe-gym whose owning "
             "host process on this machine is gone. Resources of live processes and of other "
             "machines are kept unless --all is given. Nothing without softprobe-gym's labels is "
             "ever touched."
@@ -234,8 +234,8 @@ def _run_gc(args: argparse.Namespace) -> int:
         return 0
     verb = "would remove" if args.dry_run else "removed"
     print(
-        f"{verb} {len(report.removed_containers)} containers and "
-        f"{len(report.removed_images)} images; kept {report.kept_live_owner} of live "
+        f"{verb} {len(report.removed_containers)} containers, {len(report.removed_images)} images and "
+        f"{len(report.removed_networks)} networks; kept {report.kept_live_owner} of live "
         f"processes and {report.kept_other_host} of other machines"
     )
     return 0

@@ -95,6 +95,7 @@ class SweepReport(BaseModel):
 
     removed_containers: list[str] = []
     removed_images: list[str] = []
+    removed_networks: list[str] = []
     kept_live_owner: int = 0
     kept_other_host: int = 0
 

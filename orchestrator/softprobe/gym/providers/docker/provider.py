@@ -467,9 +467,12 @@ class DockerProvider(Provider):
                 pending = left
             for image in pending:
                 report.removed_images.remove(image["Id"])
+        # After the containers: a network goes only once nothing is attached to it.
         for network in self.worlds.list_networks({L.MANAGED: "true"}):
-            if self._doomed(network.get("Labels") or {}, everything, report) and not dry_run:
-                self.worlds.remove_network(network["Id"])
+            if self._doomed(network.get("Labels") or {}, everything, report):
+                report.removed_networks.append(network["Id"])
+                if not dry_run:
+                    self.worlds.remove_network(network["Id"])
         return report
 
     @staticmethod
