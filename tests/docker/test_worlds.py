@@ -152,10 +152,13 @@ def outside(client):
     try:
         for alias in ("allowed-site", "forbidden-site"):
             servers.append(client.containers.run(
-                BASE, ["python3", "-m", "http.server", "8080", "--bind", "0.0.0.0", "--directory", "/etc"],
+                BASE, ["python3", "-u", "-m", "http.server", "8080", "--bind", "0.0.0.0", "--directory", "/etc"],
                 detach=True, labels=labels, network=name, user="65534"))
             network.disconnect(servers[-1])
             network.connect(servers[-1], aliases=[alias])
+            for line in servers[-1].logs(stream=True, follow=True):  # until it listens
+                if b"Serving HTTP" in line:
+                    break
         yield name, servers
     finally:
         for server in servers:
@@ -199,3 +202,16 @@ async def test_worlds_a_provider_cannot_run_are_refused_up_front(tmp_path, docke
                                 container={"network": "bridge"})
     with pytest.raises(ConfigurationError, match="unreachable under network mode 'none'"):
         create_host_environment(run_root=tmp_path, image=BASE, services=[COUNTER_SERVICE], network="none")
+
+
+async def test_warm_pool_worlds_are_fresh_and_removed(tmp_path, client, docker_engine):
+    async with create_host_environment(run_root=tmp_path, image=BASE, services=[COUNTER_SERVICE], pool_size=1) as host:
+        await host.warm_up()
+        assert len(world_objects(client, host)[1]) == 1  # the pooled world has its network
+        for i in range(2):
+            episode = await ready(host, f"w{i}")
+            assert json.loads(await out(host, episode, fetch("http://counter:8000/")))["body"] == "0"
+            await out(host, episode, fetch("http://counter:8000/", "POST"))
+            await host.destroy(episode_id=episode, cleanup=True)
+            await host.pool.wait_ready()
+    assert world_objects(client, host) == ([], [])

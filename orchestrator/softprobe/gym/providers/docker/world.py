@@ -147,6 +147,10 @@ class WorldBuilder:
             network_mode=network, dns=NO_UPSTREAM_DNS, init=False, mem_limit=settings.memory,
             memswap_limit=settings.memory, pids_limit=settings.pids_limit, nano_cpus=int(settings.cpus * 1e9),
             security_opt=["no-new-privileges:true"], log_config={"type": "none", "config": {}},
+            # A service keeps what its image may need (a database changes owners, binds ports),
+            # but not raw sockets: the agent may take a service over, and must still not forge
+            # packets on the episode's network.
+            cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP"],
             **({"runtime": settings.runtime} if settings.runtime else {}),
         )
         try:
