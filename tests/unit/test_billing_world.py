@@ -41,7 +41,12 @@ def _load_service() -> ModuleType:
     spec = importlib.util.spec_from_file_location("billing_service", SERVICE_DIR / "service.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # No __pycache__ in the image's build context (it would be ignored, but is clutter there).
+    previous, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = previous
     return module
 
 
