@@ -1,4 +1,5 @@
-"""Build the project's images: ``softprobe/base`` and the example world ``softprobe/support-desk``.
+"""Build the project's images: ``softprobe/base``, the example world ``softprobe/support-desk`` and
+its billing service ``softprobe/billing-service`` (the ``support-desk-billing`` bundle's sidecar).
 
 Two ways to get the base's own base:
 
@@ -41,6 +42,7 @@ PUBLIC_PYTHON_IMAGE = "python:3.12-slim"
 ROOTFS_IMAGE = "softprobe/rootfs:bookworm"
 BASE_IMAGE = "softprobe/base:latest"
 SUPPORT_DESK_IMAGE = "softprobe/support-desk:latest"
+BILLING_SERVICE_IMAGE = "softprobe/billing-service:latest"
 SHIM_REPO_PATH = "orchestrator/softprobe/gym/shim/agent_shim.py"
 
 Mode = Literal["auto", "online", "offline"]
@@ -57,6 +59,7 @@ class ImageSpec:
 SPECS = (
     ImageSpec("base", BASE_IMAGE, "base"),
     ImageSpec("support-desk", SUPPORT_DESK_IMAGE, "support-desk"),
+    ImageSpec("billing-service", BILLING_SERVICE_IMAGE, "billing-service"),
 )
 
 
@@ -89,7 +92,8 @@ def build_images(
     log: Log = print,
     client: docker.DockerClient | None = None,
 ) -> list[BuildOutcome]:
-    """Build ``softprobe/base`` and ``softprobe/support-desk``, skipping what is up to date.
+    """Build ``softprobe/base`` and the images ``FROM`` it (:data:`SPECS`), skipping what is up
+    to date.
 
     Raises:
         ImageBuildError: a build failed, or neither the public base image nor the offline path
