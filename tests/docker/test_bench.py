@@ -24,7 +24,8 @@ def test_quick_bench_reports_every_row_as_json_and_leaves_nothing(docker_engine)
                      "reset, warm (from the pool)", "checkpoint", "fork, prefix re-execution N=10",
                      "fork, checkpoint import", "8 episodes stepping at once",
                      "step after a 1-file change, 10,000-file workspace", "memory of an idle episode (median of 8)",
-                     "support-desk training rollout + finalize"]:
+                     "support-desk training rollout + finalize", "reset, cold, agent + 1 service (billing)",
+                     "reset, warm, agent + 1 service (billing)"]:
         assert expected in names
     assert all(row["ours_p50"] > 0 and row["samples"] > 0 for row in report["rows"])
     assert owned_by_process(bench.pid) == ([], [])

@@ -33,6 +33,7 @@ from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.providers.archive import build_seed_archive
 from softprobe.gym.providers.docker.baseline import DockerBaseline
+from softprobe.gym.providers.docker.images import BILLING_SERVICE_IMAGE
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.settings import RUNTIME_ENV, ContainerSettings
 from softprobe.gym.shim.runtime import Runtime
@@ -137,6 +138,8 @@ async def run_bench(*, image: str, quick: bool = False, log: Callable[[str], Non
             rows += await _resets(host, baseline, seed, n)
             log("checkpoints and forks")
             rows += await _checkpoints_and_forks(host, baseline, n)
+        log("worlds with a service")
+        rows += await _world_resets(image, Path(tmp), seed, n)
         log("concurrency")
         rows += await _concurrency(image, Path(tmp), seed, n["concurrency"], quick)
         log("large workspace")
@@ -202,6 +205,40 @@ async def _resets(host: HostEnvironment, baseline: DockerBaseline, seed: Path, n
         await host.pool.wait_ready()
         warm.append(await _timed(lambda: host.reset(episode_id="bench")))
     rows.append(_time_row("reset, warm (from the pool)", "docker create+put_archive+start", warm, raw))
+    return rows
+
+
+#: The billing world's service (images/support-desk-billing/bundle.yaml), for the world rows.
+BILLING_SERVICE = {
+    "name": "billing", "image": BILLING_SERVICE_IMAGE, "command": ["python3", "-I", "/opt/billing/service.py"],
+    "environment": {"BILLING_PORT": "8080"},
+    "healthcheck": {"test": ["CMD", "python3", "-I", "/opt/billing/health.py"], "interval_s": 0.1, "retries": 150},
+}
+
+
+async def _world_resets(image: str, tmp: Path, seed: Path, n: _Sizes) -> list[BenchRow]:
+    """Resets of a world of agent + one service (the billing world's) against the
+    single-container world, cold and warm, alternating so both see the same machine."""
+    rows = []
+    for label, pool_size in (("cold", 0), ("warm", 2)):
+        async with create_host_environment(
+            run_root=tmp / f"world-{label}", seed_root=seed, image=image, pool_size=pool_size,
+            services=[BILLING_SERVICE],
+        ) as world, create_host_environment(
+            run_root=tmp / f"single-{label}", seed_root=seed, image=image, pool_size=pool_size,
+        ) as single:
+            ours: list[float] = []
+            raw: list[float] = []
+            for host in (world, single):
+                await host.create_episode(episode_id="bench")
+                await host.warm_up()
+            for _ in range(n["resets"]):
+                for host, times in ((world, ours), (single, raw)):
+                    if host.pool is not None:
+                        await host.pool.wait_ready()
+                    times.append(await _timed(functools.partial(host.reset, episode_id="bench")))
+            rows.append(_time_row(f"reset, {label}, agent + 1 service (billing)", f"reset, {label}, one container",
+                                  ours, raw))
     return rows
 
 
