@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import socket
+import threading
 import uuid
 
 import docker
@@ -118,6 +120,59 @@ async def test_services_by_name_fresh_per_reset_isolated_and_removed(tmp_path, c
     assert world_objects(client, host) == ([], [])
 
 
+@pytest.fixture
+def host_listener():
+    """A TCP listener on every address of this machine (0.0.0.0): what a world must not reach."""
+    server = socket.create_server(("0.0.0.0", 0))
+    server.settimeout(0.2)
+    accepted: list[str] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = server.accept()
+            except OSError:
+                continue
+            accepted.append(peer[0])
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def machine_addresses() -> list[str]:
+    """This machine's own addresses: its default route's source and Docker's bridge."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+        return [probe.getsockname()[0], "172.17.0.1"]
+    finally:
+        probe.close()
+
+
+async def test_a_world_never_reaches_the_machine_it_runs_on(tmp_path, client, host_listener, docker_engine):
+    port, accepted = host_listener
+    async with create_host_environment(run_root=tmp_path, image=BASE, services=[COUNTER_SERVICE]) as host:
+        a, b = await ready(host, "a"), await ready(host, "b")
+        gateways = [n.attrs["IPAM"]["Config"][0].get("Gateway") for n in world_objects(client, host)[1]]
+        targets = [g for g in gateways if g] + machine_addresses()
+        assert len(targets) >= 3
+        for target in targets:
+            assert (await out(host, a, connect(target, port))).startswith("failed"), target
+        # A service taken over by the agent is no better placed: the same from its container.
+        counter = next(c for c in world_objects(client, host)[0] if c.labels.get(L.EPISODE) == b
+                       and "counter" in c.labels.get("softprobe.gym.world-role", ""))
+        for target in targets:
+            script = f"import socket\ntry:\n socket.create_connection(({target!r}, {port}), 2); print('connected')\nexcept OSError: print('failed')"
+            assert counter.exec_run(["python3", "-c", script]).output.strip() == b"failed", target
+    assert accepted == []
+
+
 async def test_checkpoint_import_restores_the_services_state(tmp_path, client, docker_engine):
     async with create_host_environment(
         run_root=tmp_path, image=BASE, services=[COUNTER_SERVICE], capabilities=CAPS, subject=Subject()
@@ -166,28 +221,36 @@ def outside(client):
         network.remove()
 
 
-async def test_egress_allow_list_is_the_only_way_out(tmp_path, client, outside, docker_engine):
+async def test_egress_allow_list_is_the_only_way_out(tmp_path, client, outside, host_listener, docker_engine):
     network, servers = outside
+    wild_port, accepted = host_listener
     provider = DockerProvider(egress_network=network)
     try:
         async with create_host_environment(
             run_root=tmp_path, image=BASE, provider=provider,
-            network={"mode": "egress", "allow": ["allowed-site:8080"]},
+            network={"mode": "egress", "allow": ["allowed-site:8080", f"*:{wild_port}"]},
         ) as host:
             episode = await ready(host, "e")
             allowed = json.loads(await out(host, episode, fetch("http://allowed-site:8080/hostname", timeout=10)))
             assert allowed["status"] == 200
             refused = json.loads(await out(host, episode, fetch("http://forbidden-site:8080/hostname")))
-            assert refused["status"] == 403 and "not allowed" in refused["body"]
+            assert refused["status"] == 403 and "not on the allow-list" in refused["body"]
             # Around the proxy: no route to either server, not even the allowed one.
             ip = servers[0].attrs["NetworkSettings"]["Networks"]
             server_ip = client.containers.get(servers[0].id).attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
             assert ip is not None
             assert (await out(host, episode, connect(server_ip, 8080))).startswith("failed")
+            # A wildcard does not reach this machine, however the address is spelled.
+            for spelled in ("172.17.0.1", "2886795265"):
+                wild = json.loads(await out(host, episode, fetch(f"http://{spelled}:{wild_port}/")))
+                assert wild["status"] == 403 and "not a public address" in wild["body"], wild
             final = await host.finalize(episode_id=episode)
             assert final.egress is not None
             assert [(d.event, d.destination) for d in final.egress.decisions] == [
-                ("allowed", "allowed-site:8080"), ("refused", "forbidden-site:8080")]
+                ("allowed", "allowed-site:8080"), ("refused", "forbidden-site:8080"),
+                ("refused", f"172.17.0.1:{wild_port}"), ("refused", f"2886795265:{wild_port}")]
+            assert final.egress.suppressed == 0 and not final.egress.truncated
+            assert accepted == []
             assert json.loads(final.result_path.read_text())["egress"]["decisions"][1]["event"] == "refused"
         assert world_objects(client, host) == ([], [])
     finally:

@@ -208,15 +208,25 @@ class EgressDecision(BaseModel):
     """One decision of an episode's egress proxy."""
 
     event: Literal["allowed", "refused", "failed"]
-    destination: str
+    destination: str  # host:port as the agent asked for it
     method: str
-    detail: str = ""
+    detail: str = ""  # why it was refused or failed
+    address: str = ""  # the address the proxy connected to (allowed), or tried to
 
 
 class EgressReport(BaseModel):
-    """What an episode under network mode ``egress`` tried to reach, in order."""
+    """What an episode under network mode ``egress`` tried to reach, in order.
+
+    The proxy records its first decisions one by one and only counts those after them, so an
+    agent cannot push an early decision out of the record by flooding the proxy.
+    """
 
     decisions: list[EgressDecision] = Field(default_factory=list)
+    #: decisions made after the recorded ones, counted but not listed (a lower bound: the proxy
+    #: reports the count once per thousand)
+    suppressed: int = 0
+    #: the proxy's record lost its beginning (it should not happen; then say so)
+    truncated: bool = False
 
     @property
     def refused(self) -> list[EgressDecision]:

@@ -10,8 +10,11 @@ decision is one JSON line on stdout, which the host reads back as the episode's 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import socket
 import sys
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 #: The most a request head may take; larger heads are refused (431), so a client cannot make
@@ -22,13 +25,30 @@ HEAD_TIMEOUT_S = 30.0
 #: How long connecting to an allowed destination may take.
 CONNECT_TIMEOUT_S = 10.0
 PORT = 3128
+#: Decisions recorded one by one; after these only their number is (a line per SUPPRESSED_EVERY),
+#: so a flood can neither push the first decisions out of the bounded log nor fill it.
+MAX_LOGGED = 5000
+SUPPRESSED_EVERY = 1000
+_counts = {"logged": 0, "suppressed": 0}
 
 
-def log(event: str, destination: str, method: str, detail: str = "") -> None:
+def log(event: str, destination: str, method: str, detail: str = "", address: str = "") -> None:
     """One decision as a JSON line on stdout (the host's egress report)."""
-    record = {"event": event, "destination": destination, "method": method[:16]}
+    if event != "listening" and _counts["logged"] >= MAX_LOGGED:
+        _counts["suppressed"] += 1
+        if _counts["suppressed"] % SUPPRESSED_EVERY == 1:
+            emit({"event": "suppressed", "count": _counts["suppressed"]})
+        return
+    _counts["logged"] += event != "listening"
+    record = {"event": event, "destination": destination[:300], "method": method[:16]}
     if detail:
         record["detail"] = detail[:200]
+    if address:
+        record["address"] = address
+    emit(record)
+
+
+def emit(record: Mapping[str, object]) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
 
@@ -39,8 +59,21 @@ class Proxy:
     def __init__(self, allow: set[str]) -> None:
         self.allow = allow
 
-    def allowed(self, host: str, port: int) -> bool:
-        return f"{host.lower()}:{port}" in self.allow or f"*:{port}" in self.allow
+    def rule(self, host: str, port: int) -> str | None:
+        """``"named"`` (the host is listed), ``"any"`` (only ``*:port`` is), or None."""
+        if f"{host.lower()}:{port}" in self.allow:
+            return "named"
+        return "any" if f"*:{port}" in self.allow else None
+
+    async def resolve(self, host: str, port: int, rule: str) -> str:
+        """The one address connected to (so a second lookup cannot swap it). A ``*:port`` rule
+        reaches public addresses only: never this machine, a private network or a metadata
+        service, however the host is spelled (an integer, a name that resolves there)."""
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        address = str(infos[0][4][0])
+        if rule == "any" and not ipaddress.ip_address(address).is_global:
+            raise PermissionError(f"{address} is not a public address (a *:{port} rule reaches public ones only)")
+        return address
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -54,40 +87,52 @@ class Proxy:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
         except asyncio.LimitOverrunError:
-            await reply(writer, 431, "request head too large")
+            await self.refuse(writer, 431, "-", "-", "request head too large")
             return
         request_line, _, rest = head.partition(b"\r\n")
         parts = request_line.decode("latin-1").split(" ")
         if len(parts) != 3:
-            await reply(writer, 400, "malformed request line")
+            await self.refuse(writer, 400, request_line.decode("latin-1"), "-", "malformed request line")
             return
         method, target, version = parts
-        if method == "CONNECT":
-            host, _, port_text = target.rpartition(":")
-            destination = target
-            if not port_text.isdigit() or not host:
-                await reply(writer, 400, "CONNECT needs host:port")
-                return
-            port = int(port_text)
-        else:
-            url = urlsplit(target)
-            if url.scheme != "http" or not url.hostname:
-                log("refused", target[:200], method, "not an absolute http:// URL")
-                await reply(writer, 400, "only absolute http:// URLs and CONNECT are proxied")
-                return
-            host, port = url.hostname, url.port or 80
-            destination = f"{host}:{port}"
-        if not self.allowed(host, port):
-            log("refused", destination, method, "not on the allow-list")
-            await reply(writer, 403, f"egress to {destination} is not allowed by the episode's network policy")
+        try:
+            if method == "CONNECT":
+                host, _, port_text = target.rpartition(":")
+                destination = target
+                if not port_text.isdigit() or not host:
+                    raise ValueError("CONNECT needs host:port")
+                port = int(port_text)
+            else:
+                url = urlsplit(target)
+                if url.scheme != "http" or not url.hostname:
+                    raise ValueError("only absolute http:// URLs and CONNECT are proxied")
+                host, port = url.hostname, url.port or 80
+                destination = f"{host}:{port}"
+            if not 0 < port < 65536:
+                raise ValueError("port out of range")
+        except ValueError as err:
+            await self.refuse(writer, 400, target, method, str(err))
+            return
+        rule = self.rule(host, port)
+        if rule is None:
+            await self.refuse(writer, 403, destination, method, "not on the allow-list")
             return
         try:
-            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+            address = await self.resolve(host, port, rule)
+        except PermissionError as err:
+            await self.refuse(writer, 403, destination, method, str(err))
+            return
+        except (OSError, ValueError) as err:  # ValueError: a name IDNA cannot encode
+            log("failed", destination, method, f"cannot resolve: {err}")
+            await reply(writer, 502, f"cannot resolve {destination}")
+            return
+        try:
+            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(address, port), CONNECT_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError) as err:
-            log("failed", destination, method, str(err) or type(err).__name__)
+            log("failed", destination, method, str(err) or type(err).__name__, address)
             await reply(writer, 502, f"cannot reach {destination}")
             return
-        log("allowed", destination, method)
+        log("allowed", destination, method, address=address)
         if method == "CONNECT":
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
@@ -99,6 +144,11 @@ class Proxy:
             up_writer.write(f"{method} {origin} {version}\r\n".encode("latin-1") + b"\r\n".join(
                 [*headers, b"Connection: close"]) + b"\r\n\r\n")
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    @staticmethod
+    async def refuse(writer: asyncio.StreamWriter, status: int, destination: str, method: str, why: str) -> None:
+        log("refused", destination, method, why)
+        await reply(writer, status, f"egress to {destination} refused: {why}" if status == 403 else why)
 
 
 async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import os
 import tarfile
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from softprobe.gym.providers.docker.sandbox import DockerSandbox
 from softprobe.gym.providers.docker.uids import EpisodeIds, UidAllocator
 from softprobe.gym.providers.docker.world import (
     NO_UPSTREAM_DNS,
+    WORLD_PROXY_IMAGE,
     WorldBuilder,
     WorldContainers,
     proxy_environment,
@@ -60,6 +62,7 @@ class _ImageInfo:
     gid: int
     shim_baked: bool
     services: dict[str, str]  # a world checkpoint's service images, by service name
+    proxy_image: str  # what a world's egress proxy runs from: the original image, not a snapshot
 
 
 class DockerProvider(Provider):
@@ -144,31 +147,26 @@ class DockerProvider(Provider):
         # The network first (every container of the world joins it), then the services, the
         # proxy and the agent's container all at once; the sandbox is returned when all are up.
         info = await self.engine.run(self._image_info_for, spec.image, spec.settings.user)
-        world = WorldContainers(network=await self.engine.run(self.worlds.create_network, spec.labels))
+        egress = spec.world.network.mode == "egress"
+        world = WorldContainers(network=await self.engine.run(self.worlds.create_network, spec.labels),
+                                proxy_image=info.proxy_image if egress else None)
         deadline = time.monotonic() + self.service_start_timeout_s
+        stop = threading.Event()
         services = asyncio.ensure_future(self.engine.run(
             self.worlds.start_services, spec.world, world.network, spec.labels, spec.settings, info.services,
-            deadline))
+            deadline, stop))
         proxy = asyncio.ensure_future(self.engine.run(
-            self.worlds.start_proxy, spec.world, info.image_id, world.network, spec.labels, spec.settings
-        )) if spec.world.network.mode == "egress" else None
+            self.worlds.start_proxy, spec.world, info.proxy_image, world.network, spec.labels, spec.settings
+        )) if egress else None
         agent: asyncio.Future[Sandbox] = asyncio.ensure_future(self._start_agent(spec, world))
-        parts = [f for f in (services, proxy, agent) if f is not None]
+        parts: list[asyncio.Future[Any]] = [f for f in (services, proxy, agent) if f is not None]
         try:
-            await asyncio.gather(*parts)
+            # Shielded: a cancelled start must still learn what each part made, to remove it
+            # (a Docker call in a thread cannot be cancelled, only waited for).
+            await asyncio.gather(*(asyncio.shield(part) for part in parts))
         except BaseException:
-            # Whatever did start goes, and the network with it.
-            await asyncio.shield(asyncio.gather(*parts, return_exceptions=True))
-            for part in parts:
-                if not part.cancelled() and part.exception() is None:
-                    done = part.result()
-                    if isinstance(done, DockerSandbox):
-                        done.world = None  # removed below, once every member is known
-                        await asyncio.shield(done.remove())
-                    else:
-                        world.services.update(done if isinstance(done, dict) else {})
-                        world.proxy = done if isinstance(done, str) else world.proxy
-            await asyncio.shield(self.engine.run(self.worlds.remove, world))
+            stop.set()
+            await asyncio.shield(self._abandon(world, parts))
             raise
         world.services.update(services.result())
         world.proxy = proxy.result() if proxy is not None else None
@@ -176,6 +174,21 @@ class DockerProvider(Provider):
         assert isinstance(sandbox, DockerSandbox)
         sandbox.world = world
         return sandbox
+
+    async def _abandon(self, world: WorldContainers, parts: list[asyncio.Future[Any]]) -> None:
+        """Remove what the parts of a failed world start made, once each has finished."""
+        await asyncio.gather(*parts, return_exceptions=True)
+        for part in parts:
+            if part.cancelled() or part.exception() is not None:
+                continue
+            done = part.result()
+            if isinstance(done, DockerSandbox):
+                await done.remove()  # its world is removed below, once every member is known
+            elif isinstance(done, dict):
+                world.services.update(done)
+            elif isinstance(done, str):
+                world.proxy = done
+        await self.engine.run(self.worlds.remove, world)
 
     async def _start_agent(self, spec: SandboxSpec, world: WorldContainers | None) -> Sandbox:
         info = await self.engine.run(self._image_info_for, spec.image, spec.settings.user)
@@ -233,7 +246,8 @@ class DockerProvider(Provider):
             uid, gid, resolved = self._resolve_user(attrs["Id"], wanted)
             image_labels = config.get("Labels") or {}
             baked = image_labels.get(L.SHIM_SHA256) == SHIM_SHA256
-            self._image_info[key] = _ImageInfo(attrs["Id"], resolved, uid, gid, baked, service_images(image_labels))
+            self._image_info[key] = _ImageInfo(attrs["Id"], resolved, uid, gid, baked, service_images(image_labels),
+                                               image_labels.get(WORLD_PROXY_IMAGE) or attrs["Id"])
         return self._image_info[key]
 
     @control_plane

@@ -20,7 +20,7 @@ from softprobe.gym.providers.base import Sandbox
 from softprobe.gym.providers.docker.engine import DockerEngine
 from softprobe.gym.providers.docker.retry import control_plane
 from softprobe.gym.providers.docker.uids import EpisodeIds
-from softprobe.gym.providers.docker.world import WORLD_SERVICES, WorldBuilder, WorldContainers
+from softprobe.gym.providers.docker.world import WORLD_PROXY_IMAGE, WORLD_SERVICES, WorldBuilder, WorldContainers
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.shim.client import LineChannel
 from softprobe.gym.worlds import EgressReport
@@ -68,8 +68,7 @@ class DockerSandbox(Sandbox):
     async def egress_report(self) -> EgressReport | None:
         if self.world is None or self.world.proxy is None or self._builder is None:
             return None
-        records = await self._engine.run(self._builder.egress_log, self.world)
-        return EgressReport.model_validate({"decisions": records})
+        return EgressReport.model_validate(await self._engine.run(self._builder.egress_log, self.world))
 
     async def why_lost(self, reason: str) -> str:
         """``reason``, plus what the engine knows: a container the kernel OOM-killed as a whole
@@ -111,12 +110,14 @@ class DockerSandbox(Sandbox):
         :meth:`Provider.commit`."""
         if max_bytes is not None:
             self._check_size(max_bytes)
-        if self.world is None or not self.world.services or self._builder is None:
+        if self.world is None or not (self.world.services or self.world.proxy_image) or self._builder is None:
             return self._commit_agent(labels, flatten_at_layers)
         services = self._builder.commit_services(self.world, labels)
         try:
-            return self._commit_agent({**labels, WORLD_SERVICES: json.dumps(services, sort_keys=True)},
-                                      flatten_at_layers)
+            world_labels = {WORLD_SERVICES: json.dumps(services, sort_keys=True)}
+            if self.world.proxy_image:
+                world_labels[WORLD_PROXY_IMAGE] = self.world.proxy_image
+            return self._commit_agent({**labels, **world_labels}, flatten_at_layers)
         except BaseException:
             self._builder.remove_images(services.values())
             raise

@@ -10,6 +10,7 @@ the proxy container is the only member of both that network and the provider's e
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 import docker.errors
 
+from softprobe.gym import labels as L
 from softprobe.gym.errors import ConfigurationError, SandboxError, SandboxStartError
 from softprobe.gym.providers.docker.engine import DockerEngine
 from softprobe.gym.providers.docker.retry import control_plane
@@ -27,6 +29,9 @@ from softprobe.gym.worlds import ServiceSpec, World
 #: Label on a checkpoint image of a world's agent: ``{service name: image id}`` of the service
 #: images committed with it, so a restore starts each service from its own snapshot.
 WORLD_SERVICES = "softprobe.gym.world-services"
+#: Label on a checkpoint image of a world's agent: the image the world's egress proxy runs
+#: from (the agent's original image, never a snapshot the agent could have changed).
+WORLD_PROXY_IMAGE = "softprobe.gym.world-proxy-image"
 #: Label on every service and proxy container: which part of the world it is.
 WORLD_ROLE = "softprobe.gym.world-role"
 PROXY_NAME = "egress-proxy"
@@ -45,6 +50,7 @@ class WorldContainers:
     network: str
     services: dict[str, str] = field(default_factory=dict)  # name -> container id
     proxy: str | None = None
+    proxy_image: str | None = None  # what the proxy runs from (recorded in checkpoints)
 
 
 
@@ -97,6 +103,10 @@ class WorldBuilder:
         try:
             control_plane(self.engine.api.create_network)(
                 name, driver="bridge", internal=True, labels={**labels, WORLD_ROLE: "network"}, check_duplicate=True,
+                # internal alone drops forwarded traffic only: the bridge's own address is the
+                # host's, so every host port bound to 0.0.0.0 would be in reach. Without an
+                # address on the bridge the host is not on the network at all.
+                options={"com.docker.network.bridge.inhibit_ipv4": "true"},
             )
         except docker.errors.APIError as err:
             if "address pool" in str(err) or "available" in str(err.explanation or ""):
@@ -110,10 +120,14 @@ class WorldBuilder:
 
     def start_services(
         self, world: World, network: str, labels: dict[str, str], settings: ContainerSettings,
-        images: dict[str, str], deadline: float,
+        images: dict[str, str], deadline: float, stop: threading.Event,
     ) -> dict[str, str]:
         """Start the world's services in dependency order (a service starts once everything it
-        depends on is healthy); return ``{name: container id}`` once all are healthy."""
+        depends on is healthy); return ``{name: container id}`` once all are healthy.
+
+        ``stop`` set (the start was abandoned) ends the wait: what started is removed and
+        SandboxStartError raised.
+        """
         started: dict[str, str] = {}
         pending = list(world.services)
         try:
@@ -123,7 +137,7 @@ class WorldBuilder:
                     started[service.name] = self._start_service(
                         service, images.get(service.name, service.image), network, labels, settings)
                 for service in ready:
-                    self._wait_healthy(service, started[service.name], deadline)
+                    self._wait_healthy(service, started[service.name], deadline, stop)
                 pending = [s for s in pending if s.name not in started]
         except BaseException:
             for container_id in started.values():
@@ -174,10 +188,12 @@ class WorldBuilder:
             raise
         return container_id
 
-    def _wait_healthy(self, service: ServiceSpec, container_id: str, deadline: float) -> None:
+    def _wait_healthy(self, service: ServiceSpec, container_id: str, deadline: float, stop: threading.Event) -> None:
         """Return once the service is healthy (or running, without a healthcheck)."""
         delay = 0.01
         while True:
+            if stop.is_set():
+                raise SandboxStartError(f"the start of service {service.name!r} was abandoned")
             state = self.engine.container_state(container_id)
             health = (state.get("Health") or {}).get("Status")
             if not state.get("Running"):
@@ -196,7 +212,7 @@ class WorldBuilder:
                 )
             # Docker has no event for "became healthy" that a blocking call could wait on
             # without a second stream per service; a short, growing poll is cheap here.
-            time.sleep(delay)
+            stop.wait(delay)
             delay = min(delay * 2, 0.1)
 
     def start_proxy(
@@ -207,8 +223,9 @@ class WorldBuilder:
         host_config = api.create_host_config(
             network_mode=network, init=False, mem_limit="128m", memswap_limit="128m", pids_limit=64,
             cap_drop=["ALL"], security_opt=["no-new-privileges:true"], read_only=True,
-            # Its stdout is the egress report: kept, bounded.
-            log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
+            # Its stdout is the egress report; the proxy itself bounds what it writes (see
+            # egress_proxy.MAX_LOGGED), well under this cap, so nothing is rotated away.
+            log_config={"type": "json-file", "config": {"max-size": "16m", "max-file": "1"}},
         )
         response = control_plane(api.create_container)(
             image, entrypoint=["python3", "-I", "-u", "-c", _PROXY_SOURCE], command=list(world.network.allow),
@@ -259,23 +276,31 @@ class WorldBuilder:
                 if err.status_code != 409:  # still used by a running service: swept later
                     raise
 
-    def egress_log(self, world: WorldContainers) -> list[dict[str, Any]]:
-        """The proxy's decisions so far (empty without a proxy)."""
+    def egress_log(self, world: WorldContainers) -> dict[str, Any]:
+        """The proxy's report so far: ``decisions`` (the first ``MAX_LOGGED``), ``suppressed``
+        (how many came after them) and ``truncated`` (the log lost its start)."""
+        report: dict[str, Any] = {"decisions": [], "suppressed": 0, "truncated": False}
         if world.proxy is None:
-            return []
+            return report
         try:
             raw = control_plane(self.engine.api.logs)(world.proxy, stdout=True, stderr=False)
         except docker.errors.NotFound:
-            return []
-        records = []
-        for line in bytes(raw).decode("utf-8", "replace").splitlines():
+            report["truncated"] = True
+            return report
+        lines = bytes(raw).decode("utf-8", "replace").splitlines()
+        report["truncated"] = not (lines and '"listening"' in lines[0])
+        for line in lines:
             try:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and record.get("event") in ("allowed", "refused", "failed"):
-                records.append(record)
-        return records
+            if not isinstance(record, dict):
+                continue
+            if record.get("event") in ("allowed", "refused", "failed"):
+                report["decisions"].append(record)
+            elif record.get("event") == "suppressed":
+                report["suppressed"] = max(report["suppressed"], int(record.get("count") or 0))
+        return report
 
     def remove(self, world: WorldContainers) -> None:
         """Remove the world's containers, then its network. Idempotent."""
@@ -284,8 +309,22 @@ class WorldBuilder:
         self.remove_network(world.network)
 
     def remove_network(self, network: str) -> None:
+        """Remove a world's network, first whatever is still attached to it: containers of ours
+        are removed (a start abandoned half-way may leave one), anything else disconnected."""
+        api = self.engine.api
         try:
-            control_plane(self.engine.api.remove_network)(network)
+            attached = (control_plane(api.inspect_network)(network).get("Containers") or {})
+            for container_id in attached:
+                try:
+                    config = control_plane(api.inspect_container)(container_id)["Config"]
+                    ours = L.MANAGED in (config.get("Labels") or {})
+                except docker.errors.NotFound:
+                    continue
+                if ours:
+                    self.engine.remove_container(container_id)
+                else:
+                    control_plane(api.disconnect_container_from_network)(container_id, network, force=True)
+            control_plane(api.remove_network)(network)
         except docker.errors.NotFound:
             pass
 
@@ -315,5 +354,5 @@ def service_images(image_labels: dict[str, str]) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
-__all__ = ["NO_UPSTREAM_DNS", "PROXY_NAME", "WORLD_ROLE", "WORLD_SERVICES", "WorldBuilder", "WorldContainers",
-           "proxy_environment", "service_images"]
+__all__ = ["NO_UPSTREAM_DNS", "PROXY_NAME", "WORLD_PROXY_IMAGE", "WORLD_ROLE", "WORLD_SERVICES", "WorldBuilder",
+           "WorldContainers", "proxy_environment", "service_images"]
