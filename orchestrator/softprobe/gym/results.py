@@ -154,6 +154,9 @@ class FinalizeResult(BaseModel):
         description="workspace entries not recreated on the host (links leading out, FIFOs)",
     )
     source_trace_id: str = Field(description="the trace id on every step of the trajectory")
+    bundle_digest: str | None = Field(
+        default=None, description="the digest of the environment bundle the episode ran (None without one)"
+    )
 
 
 class CheckpointRecord(BaseModel):

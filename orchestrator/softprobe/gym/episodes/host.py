@@ -256,6 +256,7 @@ class HostEnvironment:
                 result_path=store.result_path,
                 skipped_paths=skipped,
                 source_trace_id=episode.source_trace_id,
+                bundle_digest=self.config.bundle_digest,
             )
             store.write_result(result.model_dump_json(indent=2))
             store.close_trajectory()

@@ -29,13 +29,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from softprobe.gym.actions import Action
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
 from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.settings import ContainerSettings
+from softprobe.gym.yamllines import YamlFileError, parse_yaml
 
 _REPEATED = "task ids must be unique"
 
@@ -182,16 +182,15 @@ def load_suite(path: str | Path) -> Suite:
     except OSError as err:
         raise SuiteError(f"cannot read {path}: {err.strerror}") from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise SuiteError(f"{where}: not valid YAML: {getattr(err, 'problem', err)}") from None
+        doc = parse_yaml(text, shown=str(path))
+    except YamlFileError as err:
+        # Suite problems name FILE:LINE (no column), like every other line of the report.
+        where = f"{path}:{err.line}" if err.line is not None else str(path)
+        raise SuiteError(f"{where}: {err.problem}") from None
+    data = doc.data
     if not isinstance(data, dict):
         raise SuiteError(f"{path}:1: a suite is a mapping with at least 'tasks'")
-    lines: dict[tuple[Any, ...], int] = {}
-    _record_lines(root, (), lines)
+    lines = {loc: line for loc, (line, _column) in doc.marks.items()}
     problems = _repeated_ids(path, data, lines)
     try:
         suite = Suite.model_validate({**data, "base_dir": path.parent.resolve()})
@@ -235,17 +234,3 @@ def _repeated_ids(path: Path, data: dict[str, Any], lines: dict[tuple[Any, ...],
         else:
             first[task_id] = index
     return problems
-
-
-def _record_lines(node: Any, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> None:
-    if node is None:
-        return
-    lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            child = path + (key.value,)
-            _record_lines(value, child, lines)
-            lines[child] = key.start_mark.line + 1  # the key's line, not its value's
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _record_lines(item, path + (index,), lines)
