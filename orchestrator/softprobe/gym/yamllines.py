@@ -16,6 +16,8 @@ from pydantic import ValidationError
 
 #: A field's path in a document: keys and list indexes, as in pydantic's ``loc``.
 Loc = tuple[Any, ...]
+#: ``describe(loc, error)``: a better message for a pydantic error, or None for its own.
+Describe = Callable[[Loc, dict[str, Any]], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class LocatedYaml:
         return f"{self.where(loc)}: {dotted(loc) or '(top level)'}: {message}"
 
     def validation_problems(
-        self, err: ValidationError, prefix: Loc = (), describe: Callable[[Loc, dict[str, Any]], str | None] | None = None
+        self, err: ValidationError, prefix: Loc = (), describe: Describe | None = None
     ) -> list[str]:
         """One :meth:`problem` per error of ``err`` (raised validating the value at ``prefix``).
 
