@@ -136,3 +136,15 @@ def test_services_default_to_the_services_network(tmp_path: Path) -> None:
     assert load_bundle(folder).world.network.mode == "services"
     plain = write_bundle(tmp_path / "c", HEAD)
     assert load_bundle(plain).world.network.mode == "none"
+
+
+def test_the_readme_example_is_a_valid_bundle(tmp_path: Path) -> None:
+    from helpers import REPO
+
+    section = (REPO / "README.md").read_text().split("## Environment bundles", 1)[1]
+    example = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert example is not None
+    folder = write_bundle(tmp_path / "b", example.group(1))
+    (folder / "tools" / "billing_tool.py").write_text("")
+    bundle = load_bundle(folder)
+    assert bundle.name == "support-desk-billing" and bundle.world.services[0].name == "billing"
