@@ -5,6 +5,7 @@ The Python counterpart of ``@softprobe/gym``. Start with :func:`create_host_envi
 """
 
 from softprobe.gym.actions import TerminateAction, ToolAction, parse_action
+from softprobe.gym.bundles import Bundle, load_bundle
 from softprobe.gym.episodes.check import CheckOutcome, HostCheckReport, check_host
 from softprobe.gym.episodes.config import HostConfig
 from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment, open_host
@@ -13,6 +14,7 @@ from softprobe.gym.episodes.hooks import StepContext
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.episodes.protocol import Host
 from softprobe.gym.errors import (
+    BundleError,
     CapabilityError,
     CheckpointTooLargeError,
     ConfigurationError,
@@ -77,6 +79,9 @@ __all__ = [
     "ToolOverlay",
     "ToolSpec",
     "World",
+    "Bundle",
+    "BundleError",
+    "load_bundle",
     "Capabilities",
     "CapabilityError",
     "CheckpointTooLargeError",

@@ -16,6 +16,21 @@ class ConfigurationError(GymError, ValueError):
     """An argument to ``create_host_environment`` (or another constructor) is invalid."""
 
 
+class BundleError(ConfigurationError):
+    """An environment bundle is invalid, or cannot be resolved (an image it names is missing).
+
+    The message lists every problem found, each as ``FILE:LINE:COL: field: what`` where the
+    problem has a place in a file.
+
+    Attributes:
+        problems: the problems, one line each.
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        self.problems = list(problems) if problems is not None else [message]
+        super().__init__(message if problems is None else message + ":\n" + "\n".join(self.problems))
+
+
 class InvalidActionError(GymError, ValueError):
     """What was passed as an action is not an action; nothing ran and the episode is unchanged."""
 
@@ -186,6 +201,7 @@ class LeakageError(GymError):
 
 
 __all__ = [
+    "BundleError",
     "CapabilityError",
     "CheckpointTooLargeError",
     "ConfigurationError",

@@ -159,6 +159,9 @@ class FinalizeResult(BaseModel):
         default=None,
         description="under network mode egress: every destination the episode's proxy allowed or refused",
     )
+    bundle_digest: str | None = Field(
+        default=None, description="the digest of the environment bundle the episode ran (None without one)"
+    )
 
 
 class CheckpointRecord(BaseModel):

@@ -170,6 +170,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_runtime(evaluate)
     evaluate.set_defaults(run=_run_eval)
 
+    from softprobe.gym.cli.bundle import add_bundle_commands
+
+    add_bundle_commands(commands)
+
     images = commands.add_parser("images", help="build the project's images")
     image_commands = images.add_subparsers(title="image commands", metavar="COMMAND")
     build = image_commands.add_parser(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -20,6 +20,9 @@ from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.settings import Capabilities, ContainerSettings
 from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, ToolSpec, World
+
+if TYPE_CHECKING:  # bundles import providers lazily; the factory only needs them when given one
+    from softprobe.gym.bundles import Bundle, ResolvedBundle
 
 
 def create_host_environment(
@@ -48,6 +51,7 @@ def create_host_environment(
     tool_files: str | Path | None = None,
     services: Sequence[ServiceSpec | dict[str, Any]] = (),
     network: NetworkPolicy | dict[str, Any] | str | None = None,
+    bundle: str | Path | Bundle | ResolvedBundle | None = None,
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own sandbox (a Docker container by default).
 
@@ -104,8 +108,17 @@ def create_host_environment(
             (:class:`ServiceSpec` or dicts), reachable from the agent by name (Docker only).
         network: :class:`NetworkPolicy`, a dict of it, or a mode: ``"none"`` (default without
             services), ``"services"`` (default with services) or ``"egress"`` with ``allow``.
+        bundle: an environment bundle (its folder, or a :class:`~softprobe.gym.bundles.Bundle`
+            or ``ResolvedBundle``): it sets ``image`` and the service images (pinned by id),
+            ``seed_root``, the world (tools, tool files, services, network), ``capabilities``,
+            ``container`` (from its limits), ``max_steps``, ``tool_timeout_s`` and
+            ``max_tool_timeout_s``, and its digest is recorded in every ``episode.json`` and
+            ``result.json``. Those keywords must then be left at their defaults. Resolving it
+            asks the provider (the Docker engine by default) for the image ids.
 
     Raises:
+        BundleError: the bundle is invalid or names an image the provider does not have (a
+            :class:`ConfigurationError`).
         ConfigurationError: an argument is invalid or of the wrong type, or the provider cannot
             honour it (an unknown container runtime; checkpoints on a provider without commit) (checked by
             :class:`~softprobe.gym.episodes.config.HostConfig`; the message names each option,
@@ -114,19 +127,55 @@ def create_host_environment(
     """
     if provider is not None and backend is not None:
         raise ConfigurationError("pass provider= (backend= is its older name), not both")
+    provider = provider if provider is not None else backend
+    given: dict[str, Any] = {
+        "image": image, "seed_root": seed_root, "capabilities": capabilities, "container": container,
+        "tool_timeout_s": tool_timeout_s, "max_tool_timeout_s": max_tool_timeout_s, "max_steps": max_steps,
+    }
+    if bundle is not None:
+        world_keywords = {"tools": tools, "tool_files": tool_files, "services": services, "network": network}
+        options = _bundle_options(bundle, {**given, **world_keywords}, provider, docker_host)
+    else:
+        options = {
+            **given,
+            "capabilities": Capabilities() if capabilities is None else capabilities,
+            "container": ContainerSettings() if container is None else container,
+            "world": world_of(tools=tools, tool_files=tool_files, services=services, network=network),
+        }
     config = HostConfig.parse(
-        run_root=run_root, seed_root=seed_root, image=image,
-        capabilities=Capabilities() if capabilities is None else capabilities,
-        on_step=on_step, subject=subject,
-        container=ContainerSettings() if container is None else container,
-        tool_timeout_s=tool_timeout_s, max_tool_timeout_s=max_tool_timeout_s,
-        output_cap_bytes=output_cap_bytes, max_steps=max_steps, docker_host=docker_host,
-        provider=provider if provider is not None else backend, sweep_on_start=sweep_on_start,
+        run_root=run_root, on_step=on_step, subject=subject,
+        output_cap_bytes=output_cap_bytes, docker_host=docker_host,
+        provider=provider, sweep_on_start=sweep_on_start,
         pool_size=pool_size, max_containers=max_containers, workspace_tracking=workspace_tracking,
         artifact_budget_bytes=artifact_budget_bytes, checkpoint_budget_bytes=checkpoint_budget_bytes,
-        world=world_of(tools=tools, tool_files=tool_files, services=services, network=network),
+        **options,
     )
     return open_host(config)
+
+
+# What each keyword a bundle sets defaults to: a different value passed with a bundle conflicts.
+_BUNDLE_SET_DEFAULTS: dict[str, Any] = {
+    "image": DEFAULT_IMAGE, "seed_root": None, "capabilities": None, "container": None, "tool_timeout_s": 30.0,
+    "max_tool_timeout_s": 600.0, "max_steps": None, "tools": (), "tool_files": None, "services": (), "network": None,
+}
+
+
+def _bundle_options(
+    bundle: Any, given: dict[str, Any], provider: Provider | None, docker_host: str | None
+) -> dict[str, Any]:
+    """The HostConfig fields ``bundle`` sets, after checking no keyword conflicts with them."""
+    from softprobe.gym.bundles.host import host_options
+
+    conflicts = sorted(
+        name for name, value in given.items()
+        if not (value == _BUNDLE_SET_DEFAULTS[name] or (isinstance(value, (list, tuple)) and not value))
+    )
+    if conflicts:
+        raise ConfigurationError(
+            f"the bundle sets {', '.join(conflicts)}; pass bundle= or those keywords, not both (change the "
+            "bundle, or build the host from keywords alone)"
+        )
+    return host_options(bundle, provider=provider, docker_host=docker_host)
 
 
 def world_of(

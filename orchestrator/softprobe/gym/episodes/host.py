@@ -259,6 +259,7 @@ class HostEnvironment:
                 skipped_paths=skipped,
                 source_trace_id=episode.source_trace_id,
                 egress=egress,
+                bundle_digest=self.config.bundle_digest,
             )
             store.write_result(result.model_dump_json(indent=2))
             store.close_trajectory()

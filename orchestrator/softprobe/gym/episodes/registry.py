@@ -137,6 +137,8 @@ class EpisodeRegistry:
             "checkpoints": list(episode.checkpoints),
             "lineage": episode.lineage.model_dump() if episode.lineage else None,
             "source_trace_id": episode.source_trace_id,
+            # The environment bundle this host runs (None without one): what world it was.
+            "bundle_digest": self.config.bundle_digest,
         }
 
 

@@ -36,6 +36,7 @@ from softprobe.gym.training.session import RolloutResult
 from softprobe.gym.training.splits import assert_no_leakage, partition_train_eval
 
 if TYPE_CHECKING:  # the adapter is imported when grading starts, not with the runner
+    from softprobe.gym.bundles import ResolvedBundle
     from softprobe.promptfoo_adapter.models import Backend
 
 
@@ -47,6 +48,7 @@ class TaskRecord(BaseModel):
     error: str | None = None
     duration_ms: float
     rollout: dict[str, Any] | None = None  # RolloutResult as JSON
+    bundle_digest: str | None = None  # the environment bundle it ran on
 
 
 class TaskResult(BaseModel):
@@ -72,6 +74,7 @@ class TaskResult(BaseModel):
     artifacts: str | None
     grading: dict[str, str] = {}
     assertions: list[dict[str, Any]]
+    bundle_digest: str | None = None
 
 
 class SuiteOutcome(BaseModel):
@@ -123,13 +126,39 @@ def preflight_suite(suite: Suite, *, check_image: bool = True) -> None:
                 suite.policy(task)
             except SuiteError as err:
                 problems.append(f"{suite.where('tasks', i, 'policy')}: tasks.{i}.policy: {err}")
-    if check_image and not ensure_image(suite.image, log=lambda line: print(line, file=sys.stderr)):
+    problems += _bundle_problems(suite, check_images=check_image)
+    needs_image = any(suite.bundle_of(task) is None for task in suite.tasks)
+    if check_image and needs_image and not ensure_image(suite.image, log=lambda line: print(line, file=sys.stderr)):
         problems.append(
             f"{suite.where('image')}: image: {suite.image!r} is not on this Docker engine; build or "
             "pull it, or name an image the engine has"
         )
     if problems:
         raise SuiteError("the suite cannot run; nothing was started or written:\n" + "\n".join(problems))
+
+
+def _bundle_problems(suite: Suite, *, check_images: bool) -> list[str]:
+    """Each bundle of the suite loaded (and, with ``check_images``, resolved on the Docker
+    engine); a problem names the suite line that names the bundle, then the bundle's own."""
+    from softprobe.gym.bundles import load_bundle, resolve_now
+    from softprobe.gym.errors import BundleError
+
+    problems = []
+    seen: set[Path] = set()
+    for task in suite.tasks:
+        folder = suite.bundle_of(task)
+        if folder is None or folder in seen:
+            continue
+        seen.add(folder)
+        loc = suite.bundle_loc(task)
+        try:
+            bundle = load_bundle(folder)
+            if check_images:
+                resolve_now(bundle, provider=None)
+        except BundleError as err:
+            problems.append(f"{suite.where(*loc)}: {_dotted(loc)}: the bundle {folder} cannot run:\n  "
+                            + "\n  ".join(err.problems))
+    return problems
 
 
 def _dotted(loc: tuple[str | int, ...]) -> str:
@@ -230,16 +259,30 @@ async def run_suite(
         max_containers=concurrency,
         provider=provider,
     )
-    host: Host
-    if ray_address is not None:
-        host = await _connect_ray(ray_address, suite, host_options)
-    else:
-        host = create_host_environment(**host_options)
+    bundles = await _resolve_bundles(suite, pending, provider)
+    if bundles and ray_address is not None:
+        raise SuiteError("tasks with a bundle cannot run on Ray yet; run this suite without --ray")
+    hosts: dict[Path | None, Host] = {}
+    try:
+        for folder in dict.fromkeys(suite.bundle_of(t) for t in pending):
+            if folder is None:
+                hosts[None] = (await _connect_ray(ray_address, suite, host_options) if ray_address is not None
+                               else create_host_environment(**host_options))
+            else:  # the bundle sets the image, seed, world, limits and episode policy
+                kept = {k: v for k, v in host_options.items()
+                        if k not in ("image", "seed_root", "container", "tool_timeout_s", "max_tool_timeout_s")}
+                hosts[folder] = create_host_environment(**kept, bundle=bundles[folder])
+    except BaseException:
+        for made in hosts.values():
+            await made.close()
+        raise
 
     async def run_task(task: Task) -> None:
         nonlocal done
+        folder = suite.bundle_of(task)
         async with limit:
-            record = await _run_one(host, suite, task, out, reward_from)
+            record = await _run_one(hosts[folder], suite, task, out, reward_from,
+                                     bundles[folder] if folder is not None else None)
         (records_dir / f"{task.id}.json").write_text(record.model_dump_json())
         done += 1
         outcome = "finished" if record.ok else f"failed: {record.error}"
@@ -250,10 +293,34 @@ async def run_suite(
     except asyncio.CancelledError:
         interrupted = True
     finally:
-        await asyncio.shield(host.close())
+        for made in hosts.values():
+            await asyncio.shield(made.close())
     outcome = await grade_records(suite, out, tasks, backend=backend or suite.backend,
                                   wall_s=time.perf_counter() - started, interrupted=interrupted)
     return outcome
+
+
+async def _resolve_bundles(suite: Suite, tasks: list[Task], provider: Provider | None) -> dict[Path, ResolvedBundle]:
+    """The bundles of ``tasks``, resolved where they will run.
+
+    Raises:
+        SuiteError: a bundle is invalid or names a missing image (at the suite line naming it).
+    """
+    from softprobe.gym.bundles import resolve_now
+    from softprobe.gym.errors import BundleError
+
+    resolved: dict[Path, ResolvedBundle] = {}
+    for task in tasks:
+        folder = suite.bundle_of(task)
+        if folder is None or folder in resolved:
+            continue
+        try:
+            resolved[folder] = await asyncio.to_thread(resolve_now, folder, provider=provider)
+        except BundleError as err:
+            loc = suite.bundle_loc(task)
+            raise SuiteError(f"{suite.where(*loc)}: {_dotted(loc)}: the bundle {folder} cannot run:\n  "
+                             + "\n  ".join(err.problems)) from None
+    return resolved
 
 
 async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any]) -> Host:
@@ -274,9 +341,15 @@ async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any])
     return await DistributedHost.connect(**options)
 
 
-async def _run_one(host: Host, suite: Suite, task: Task, out: Path, reward_from: Any) -> TaskRecord:
+async def _run_one(
+    host: Host, suite: Suite, task: Task, out: Path, reward_from: Any, bundle: ResolvedBundle | None = None
+) -> TaskRecord:
     """One task's rollout on ``host`` (local or Ray); a failure is the task's record, never raised."""
     started = time.perf_counter()
+    digest = bundle.digest if bundle is not None else None
+    max_steps = suite.limits.max_steps
+    if bundle is not None and bundle.bundle.manifest.episode.max_steps is not None:
+        max_steps = bundle.bundle.manifest.episode.max_steps
     seed = suite.resolve(task.seed)
     if task.files is not None:  # the task's inline files, as a seed folder of its own
         seed = write_seed_files({rel: text.encode() for rel, text in task.files.items()}, out / "seeds" / task.id)
@@ -284,14 +357,16 @@ async def _run_one(host: Host, suite: Suite, task: Task, out: Path, reward_from:
         episode_id=task.id,
         actions=suite.policy(task) if task.policy else list(task.actions or []),
         reward_from=reward_from if task.checks else None,
-        max_steps=suite.limits.max_steps,
-        seed_root=seed,
+        max_steps=max_steps,
+        seed_root=seed,  # None: the host's (or the bundle's) seed
     )
     try:
         result = await run_rollout(host, spec)
     except Exception as err:  # a task's failure is its result; other tasks go on
-        return TaskRecord(id=task.id, ok=False, error=f"{type(err).__name__}: {err}", duration_ms=_ms(started))
-    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=result.model_dump(mode="json"))
+        return TaskRecord(id=task.id, ok=False, error=f"{type(err).__name__}: {err}", duration_ms=_ms(started),
+                          bundle_digest=digest)
+    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=result.model_dump(mode="json"),
+                      bundle_digest=digest)
 
 
 async def grade_records(
@@ -308,23 +383,25 @@ async def grade_records(
         path = out / "tasks" / f"{task.id}.json"
         if path.exists():
             records[task.id] = TaskRecord.model_validate_json(path.read_text())
+    extra = _bundle_assertions(suite, tasks)
     cases: list[dict[str, Any]] = []
     for task in tasks:
         record = records.get(task.id)
         if record is None:
             continue
+        assertions = [*task.assertions, *extra.get(task.id, [])]
         if record.ok:
             result = RolloutResult.model_validate(record.rollout or {})
             cases.append({
                 "attempt_id": task.id, "final_output": result.final_output,
                 "trajectory_digest": result.trajectory_digest, "source_trace_id": result.source_trace_id,
-                "assertions": task.assertions, "threshold": task.threshold,
+                "assertions": assertions, "threshold": task.threshold,
                 "steps": [s.model_dump() for s in trajectory_steps(result.steps)],
             })
         else:  # the rollout broke: its outcome says so, with no score
             error = record.error or "the rollout failed"
             cases.append({
-                "attempt_id": task.id, "final_output": "", "assertions": task.assertions, "threshold": task.threshold,
+                "attempt_id": task.id, "final_output": "", "assertions": assertions, "threshold": task.threshold,
                 "subject_failure": {"status": "cancelled" if error.startswith("CancelledError") else "subject_error",
                                     "reason": error},
             })
@@ -349,6 +426,26 @@ async def grade_records(
     return SuiteOutcome(results=results, summary=summary, interrupted=interrupted)
 
 
+def _bundle_assertions(suite: Suite, tasks: list[Task]) -> dict[str, list[dict[str, Any]]]:
+    """Task id -> its bundle's assertions (graded with the task's own)."""
+    from softprobe.gym.bundles import load_bundle
+    from softprobe.gym.errors import BundleError
+
+    loaded: dict[Path, list[dict[str, Any]]] = {}
+    found = {}
+    for task in tasks:
+        folder = suite.bundle_of(task)
+        if folder is None:
+            continue
+        if folder not in loaded:
+            try:
+                loaded[folder] = [dict(a) for a in load_bundle(folder).manifest.assertions]
+            except BundleError as err:  # it ran, so it was valid: changed since (a resume)
+                raise SuiteError(f"the bundle {folder} changed since its tasks ran: {err}") from None
+        found[task.id] = loaded[folder]
+    return found
+
+
 def _task_result(task: Task, record: TaskRecord, graded: Any, grading: dict[str, str]) -> TaskResult:
     rollout = record.rollout or {}
     steps = rollout.get("steps", [])
@@ -368,7 +465,7 @@ def _task_result(task: Task, record: TaskRecord, graded: Any, grading: dict[str,
         reward_total=float(rollout.get("total_reward") or 0.0), rewards=rewards, steps=len(steps),
         duration_ms=record.duration_ms, trajectory_digest=rollout.get("trajectory_digest"),
         source_trace_id=rollout.get("source_trace_id"), artifacts=rollout.get("artifacts_dir"),
-        grading=grading, assertions=assertions,
+        grading=grading, assertions=assertions, bundle_digest=record.bundle_digest,
     )
 
 
@@ -409,6 +506,8 @@ def _summary(
         "duration_ms": {"mean": statistics.fmean(durations), "median": statistics.median(durations),
                         "max": max(durations)} if durations else {},
         "wall_s": round(wall_s, 3),
+        # Every bundle a task ran on: the worlds this summary is about.
+        "bundle_digests": sorted({r.bundle_digest for r in results if r.bundle_digest is not None}),
     }
 
 

@@ -7,8 +7,10 @@ seed: ./seed                      # optional folder, relative to this file
 concurrency: 2
 limits: {max_steps: 20, tool_timeout_s: 30, container: {memory: 512m}}
 split: {train_ratio: 0.75, seed: 7, run: eval}     # optional
+bundle: ./worlds/desk              # optional environment bundle folder for every task
 tasks:
   - id: refund-a42
+    bundle: ./worlds/billing       # optional: this task's bundle (overrides the suite's)
     files: {"README.md": "refunds go in refund-note.md"}   # optional seed files of its own
     actions:                      # or: policy: my_policies:refund (module:function)
       - {type: tool, name: crm.get_account, args: {id: A-42}}
@@ -19,6 +21,11 @@ tasks:
     assert: [{type: contains, value: A-42}]   # promptfoo assertions on the finished rollout
     threshold: 0.5
 ```
+
+A task with a bundle runs on a host made from it: the bundle's image, seed, tools, services,
+network, limits, capabilities and episode policy replace the suite's ``image``, ``seed`` and
+``limits`` (a task's own ``seed``/``files`` still replace the bundle's seed), and the bundle's
+assertions are added to the task's.
 """
 
 from __future__ import annotations
@@ -29,13 +36,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from softprobe.gym.actions import Action
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
 from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.settings import ContainerSettings
+from softprobe.gym.yamllines import YamlFileError, parse_yaml
 
 _REPEATED = "task ids must be unique"
 
@@ -92,6 +99,7 @@ class Task(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     id: str
+    bundle: Path | None = None
     seed: Path | None = None
     files: dict[str, str] | None = None
     actions: list[Action] | None = None
@@ -130,6 +138,7 @@ class Suite(BaseModel):
     name: str = "suite"
     image: str = "softprobe/support-desk:latest"
     seed: Path | None = None
+    bundle: Path | None = None
     concurrency: int = Field(default=2, ge=1, le=256)
     backend: Literal["native", "cli", "auto"] = "auto"
     limits: Limits = Field(default_factory=Limits)
@@ -154,6 +163,14 @@ class Suite(BaseModel):
 
     def resolve(self, path: Path | None) -> Path | None:
         return None if path is None else (self.base_dir / path).resolve()
+
+    def bundle_of(self, task: Task) -> Path | None:
+        """The bundle folder ``task`` runs on (its own, else the suite's), absolute; or None."""
+        return self.resolve(task.bundle if task.bundle is not None else self.bundle)
+
+    def bundle_loc(self, task: Task) -> tuple[str | int, ...]:
+        """Where the suite file names ``task``'s bundle (for problems)."""
+        return ("tasks", self.tasks.index(task), "bundle") if task.bundle is not None else ("bundle",)
 
     def policy(self, task: Task) -> Callable[..., Any]:
         """Import ``module:function`` (the suite's folder is searched first)."""
@@ -182,16 +199,15 @@ def load_suite(path: str | Path) -> Suite:
     except OSError as err:
         raise SuiteError(f"cannot read {path}: {err.strerror}") from None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise SuiteError(f"{where}: not valid YAML: {getattr(err, 'problem', err)}") from None
+        doc = parse_yaml(text, shown=str(path))
+    except YamlFileError as err:
+        # Suite problems name FILE:LINE (no column), like every other line of the report.
+        where = f"{path}:{err.line}" if err.line is not None else str(path)
+        raise SuiteError(f"{where}: {err.problem}") from None
+    data = doc.data
     if not isinstance(data, dict):
         raise SuiteError(f"{path}:1: a suite is a mapping with at least 'tasks'")
-    lines: dict[tuple[Any, ...], int] = {}
-    _record_lines(root, (), lines)
+    lines = {loc: line for loc, (line, _column) in doc.marks.items()}
     problems = _repeated_ids(path, data, lines)
     try:
         suite = Suite.model_validate({**data, "base_dir": path.parent.resolve()})
@@ -235,17 +251,3 @@ def _repeated_ids(path: Path, data: dict[str, Any], lines: dict[tuple[Any, ...],
         else:
             first[task_id] = index
     return problems
-
-
-def _record_lines(node: Any, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> None:
-    if node is None:
-        return
-    lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            child = path + (key.value,)
-            _record_lines(value, child, lines)
-            lines[child] = key.start_mark.line + 1  # the key's line, not its value's
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _record_lines(item, path + (index,), lines)

@@ -308,3 +308,84 @@ def _has_image(client: docker.DockerClient, ref: str) -> bool:
 
 def _first_line(err: Exception) -> str:
     return str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+
+
+# -- environment bundles' Compose `build:` services --------------------------------------------
+
+
+def build_bundle_image(
+    *,
+    context: Path,
+    dockerfile: str,
+    tag: str,
+    name: str,
+    log: Log = print,
+    client: docker.DockerClient | None = None,
+) -> BuildOutcome:
+    """Build the image of a bundle's Compose ``build:`` service as ``tag``, skipping the build
+    when an image of that tag was built from the same context and Dockerfile.
+
+    Labelled as ours (``MANAGED``, ``IMAGE_NAME`` = ``name``, ``BUILD_HASH``); never touched by
+    ``gc`` (which removes checkpoints only). The base images it names must be on the engine:
+    nothing is pulled.
+
+    Raises:
+        ImageBuildError: the build failed (the message carries the builder's error).
+        DockerUnavailableError: no engine answers.
+    """
+    own = client is None
+    client = client or connect_docker()
+    try:
+        archive = _folder_tar(context)
+        build_hash = hashlib.sha256(archive + json.dumps({"dockerfile": dockerfile}).encode()).hexdigest()
+        try:
+            previous: Image | None = client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            previous = None
+        if previous is not None and (previous.labels or {}).get(L.BUILD_HASH) == build_hash:
+            log(f"{tag} is up to date")
+            return BuildOutcome(tag, _id_of(previous), built=False)
+        log(f"building {tag} from {context} ...")
+        stream = client.api.build(
+            fileobj=io.BytesIO(archive), custom_context=True, dockerfile=dockerfile, tag=tag,
+            labels={L.MANAGED: "true", L.IMAGE_NAME: name, L.BUILD_HASH: build_hash},
+            rm=True, forcerm=True, pull=False, decode=True,
+        )
+        image_id: str | None = None
+        for chunk in stream:
+            if "error" in chunk:
+                raise ImageBuildError(f"building {tag} failed: {chunk['error'].strip()}")
+            if "aux" in chunk and "ID" in chunk["aux"]:
+                image_id = chunk["aux"]["ID"]
+        if image_id is None:
+            image_id = _id_of(client.images.get(tag))
+        if previous is not None and previous.id != image_id:
+            _remove_superseded(client, _id_of(previous))
+        log(f"built {tag} ({image_id[:19]})")
+        return BuildOutcome(tag, image_id, built=True)
+    except docker.errors.DockerException as err:
+        raise ImageBuildError(f"building {tag} failed: {_first_line(err)}") from None
+    finally:
+        if own:
+            client.close()
+
+
+def _folder_tar(folder: Path) -> bytes:
+    """``folder`` as a deterministic tar (sorted, no times or owners): the same files give the
+    same bytes, so the build hash sees only content."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for path in sorted(folder.rglob("*")):
+            member = tarfile.TarInfo(path.relative_to(folder).as_posix())
+            if path.is_symlink():
+                member.type, member.linkname = tarfile.SYMTYPE, os.readlink(path)
+                archive.addfile(member)
+            elif path.is_dir():
+                member.type, member.mode = tarfile.DIRTYPE, 0o755
+                archive.addfile(member)
+            elif path.is_file():
+                data = path.read_bytes()
+                member.size = len(data)
+                member.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+                archive.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()

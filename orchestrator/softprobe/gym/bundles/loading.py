@@ -1,0 +1,213 @@
+"""Read a bundle folder: ``bundle.yaml`` (and its Compose file) validated, every problem reported
+as ``FILE:LINE:COL: field: what``, all of them at once in one :class:`BundleError`."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import ValidationError
+
+from softprobe.gym.bundles.bundle import Bundle, build_tag
+from softprobe.gym.bundles.compose import BuildSpec, parse_compose
+from softprobe.gym.bundles.model import MANIFEST_NAME, BundleLimits, BundleManifest
+from softprobe.gym.errors import BundleError
+from softprobe.gym.settings import Capabilities
+from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, World
+from softprobe.gym.yamllines import Loc, LocatedYaml, YamlFileError, read_yaml
+
+
+def load_bundle(path: str | Path) -> Bundle:
+    """Read and validate the bundle in folder ``path`` (or its ``bundle.yaml``).
+
+    Nothing is resolved here (no image is looked up): see
+    :func:`~softprobe.gym.bundles.resolve_bundle` for the digest.
+
+    Raises:
+        BundleError: the folder or manifest is missing, not YAML, or not a valid bundle: an
+            unknown key or capability, a wrong type, a missing seed/overlay folder, a path leading
+            out of the bundle (``..``, absolute, or through a symlink), both ``services`` and
+            ``compose``, a service problem (name, unknown or cyclic ``depends_on``), a Compose key
+            outside the supported subset. The message lists every problem with its line.
+    """
+    given = Path(path)
+    folder = given.parent if given.name == MANIFEST_NAME and given.is_file() else given
+    manifest_path = folder / MANIFEST_NAME
+    if not folder.is_dir():
+        raise BundleError(f"{folder}: not a bundle folder (no such folder)")
+    if not manifest_path.is_file():
+        raise BundleError(f"{folder}: not a bundle folder: it has no {MANIFEST_NAME}")
+    root = folder.resolve()
+    try:
+        doc = read_yaml(manifest_path, shown=str(manifest_path))
+    except YamlFileError as err:
+        raise BundleError("invalid bundle", [str(err)]) from None
+    if not isinstance(doc.data, dict):
+        raise BundleError("invalid bundle", [doc.problem((), "a bundle is a mapping (schema, name, image, ...)")])
+    try:
+        manifest = BundleManifest.model_validate(doc.data)
+    except ValidationError as err:
+        raise BundleError("invalid bundle", doc.validation_problems(err, describe=_describe)) from None
+    return _Checker(root, doc, manifest).bundle()
+
+
+def _describe(loc: Loc, error: dict[str, Any]) -> str | None:
+    """Messages that say more than pydantic's for a bundle's usual mistakes."""
+    if error["type"] != "extra_forbidden":
+        return None
+    if loc[:1] == ("capabilities",) and len(loc) == 2:
+        known = ", ".join(Capabilities.model_fields)
+        return f"unknown capability {loc[-1]!r}: a bundle may only require what hosts declare ({known})"
+    if len(loc) == 1:
+        known = ", ".join(f.alias or name for name, f in BundleManifest.model_fields.items())
+        return f"unknown key {loc[0]!r} (a bundle has: {known})"
+    if loc[:1] == ("limits",) and len(loc) == 2:
+        return f"unknown or unsupported limit {loc[-1]!r} (a bundle may set: {', '.join(BundleLimits.model_fields)})"
+    return None
+
+
+class _Checker:
+    """The checks that need the folder or the whole manifest; gathers every problem."""
+
+    def __init__(self, root: Path, doc: LocatedYaml, manifest: BundleManifest) -> None:
+        self.root, self.doc, self.manifest = root, doc, manifest
+        self.problems: list[str] = []
+
+    def bundle(self) -> Bundle:
+        manifest, doc = self.manifest, self.doc
+        seed = self.folder(("seed",), manifest.seed)
+        overlay_files = self.folder(("overlay", "files"), manifest.overlay.files)
+        if manifest.tape is not None and manifest.tape_is_path:
+            self.inside(("tape",), manifest.tape)
+        services, builds = self.services()
+        network = manifest.network or NetworkPolicy(mode="services" if services else "none")
+        if services and network.mode == "none":
+            # Only when the bundle said "none": without a network key, services get "services".
+            self.problems.append(doc.problem(("network", "mode"), "services are unreachable under network mode "
+                                             "'none'; use 'services' (only the episode's own services) or 'egress'"))
+        world = None
+        if not self.problems:
+            try:
+                world = World(tools=ToolOverlay(tools=manifest.overlay.tools, files_root=overlay_files),
+                              services=tuple(services), network=network)
+            except ValidationError as err:  # what the checks above did not foresee
+                self.problems += [doc.problem((), e["msg"].removeprefix("Value error, ")) for e in err.errors()]
+        if self.problems or world is None:
+            raise BundleError("invalid bundle", self.problems)
+        return Bundle(root=self.root, manifest=manifest, world=world, seed_root=seed, builds=builds)
+
+    # -- paths -----------------------------------------------------------------------------------
+
+    def inside(self, loc: Loc, relative: str, base: Path | None = None, doc: LocatedYaml | None = None) -> Path | None:
+        """``relative`` (to ``base``, default the bundle folder) as an absolute path, or None
+        (with a problem) when it leads out of the bundle folder."""
+        doc = doc or self.doc
+        pure = PurePosixPath(relative)
+        if pure.is_absolute() or Path(relative).is_absolute():
+            self.problems.append(doc.problem(loc, f"{relative!r} is absolute; give a path inside the bundle folder"))
+            return None
+        if ".." in pure.parts:
+            self.problems.append(doc.problem(loc, f"{relative!r} leads out of the bundle folder ('..')"))
+            return None
+        resolved = ((base or self.root) / relative).resolve()
+        if not resolved.is_relative_to(self.root):
+            self.problems.append(doc.problem(loc, f"{relative!r} leads out of the bundle folder (through a "
+                                             f"symlink, to {resolved})"))
+            return None
+        return resolved
+
+    def folder(self, loc: Loc, relative: str | None, base: Path | None = None,
+               doc: LocatedYaml | None = None) -> Path | None:
+        if relative is None:
+            return None
+        resolved = self.inside(loc, relative, base, doc)
+        if resolved is not None and not resolved.is_dir():
+            what = "is not a folder" if resolved.exists() else "does not exist"
+            self.problems.append((doc or self.doc).problem(loc, f"the folder {relative!r} {what}"))
+            return None
+        return resolved
+
+    # -- services --------------------------------------------------------------------------------
+
+    def services(self) -> tuple[list[ServiceSpec], dict[str, BuildSpec]]:
+        manifest = self.manifest
+        if manifest.services is not None and manifest.compose is not None:
+            self.problems.append(self.doc.problem(("compose",), "give services or compose, not both"))
+            return [], {}
+        if manifest.services is not None:
+            specs = list(manifest.services)
+            self.graph(self.doc, [(("services", i), s.name, list(s.depends_on)) for i, s in enumerate(specs)])
+            return specs, {}
+        if manifest.compose is None:
+            return [], {}
+        path = self.inside(("compose",), manifest.compose)
+        if path is None:
+            return [], {}
+        if not path.is_file():
+            self.problems.append(self.doc.problem(("compose",),
+                                                  f"the Compose file {manifest.compose!r} does not exist"))
+            return [], {}
+        try:
+            compose = read_yaml(path, shown=str(Path(self.doc.shown).parent / manifest.compose))
+        except YamlFileError as err:
+            self.problems.append(str(err))
+            return [], {}
+        parsed, problems = parse_compose(compose, path.parent)
+        self.problems += problems
+        nodes = [(entry.loc, str(entry.fields["name"]), entry.fields.get("depends_on", [])) for entry in parsed]
+        self.graph(compose, nodes)
+        specs, builds = [], {}
+        for entry in parsed:
+            fields: dict[str, Any] = dict(entry.fields)
+            if entry.build is not None:
+                context = self.folder((*entry.loc, "build"), str(entry.build.context.relative_to(path.parent)),
+                                      path.parent, compose)
+                if context is None:
+                    continue
+                builds[str(fields["name"])] = BuildSpec(context=context, dockerfile=entry.build.dockerfile)
+                fields["image"] = build_tag(manifest.name, str(fields["name"]))
+            try:
+                specs.append(ServiceSpec.model_validate(fields))
+            except ValidationError as err:
+                self.problems += compose.validation_problems(err, entry.loc)
+        return specs, builds
+
+    def graph(self, doc: LocatedYaml, nodes: list[tuple[Loc, str, list[Any]]]) -> None:
+        """Repeated names, unknown ``depends_on`` entries and cycles, each at its line."""
+        locs: dict[str, Loc] = {}
+        for loc, name, _ in nodes:
+            if name in locs:
+                self.problems.append(doc.problem((*loc, "name") if loc[0] == "services" and isinstance(loc[1], int)
+                                                 else loc, f"service name {name!r} is repeated"))
+            locs.setdefault(name, loc)
+        deps: dict[str, list[str]] = {}
+        for loc, name, depends in nodes:
+            deps[name] = []
+            for index, dep in enumerate(depends):
+                dep_loc = (*loc, "depends_on", dep if doc.value_at((*loc, "depends_on", dep)) is not None else index)
+                if dep not in locs:
+                    self.problems.append(doc.problem(dep_loc,
+                                                     f"depends on {dep!r}, which is not a service of the bundle"))
+                else:
+                    deps[name].append(str(dep))
+        state: dict[str, int] = {}
+
+        def visit(name: str, path: list[str]) -> bool:
+            if state.get(name) == 2:
+                return False
+            if state.get(name) == 1:
+                cycle = [*path[path.index(name):], name]
+                self.problems.append(doc.problem((*locs[name], "depends_on"),
+                                                 "services depend on each other in a cycle: " + " -> ".join(cycle)))
+                return True
+            state[name] = 1
+            found = any(visit(dep, [*path, name]) for dep in deps.get(name, []))
+            state[name] = 2
+            return found
+
+        for name in deps:
+            if state.get(name) is None and visit(name, []):
+                break  # one cycle reported is enough to act on
+
+
+__all__ = ["load_bundle"]

@@ -1,0 +1,135 @@
+"""``softprobe-gym bundle build|inspect|run`` against the real engine: the printed digest is the
+library's, the store finds it, and a Compose ``build:`` service is built, labelled and (by this
+test) removed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from softprobe.gym import labels as L
+from softprobe.gym.bundles import build_tag, load_bundle, resolve_bundle
+from softprobe.gym.providers.docker.provider import DockerProvider
+
+
+def run_cli(*args: str, store: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SOFTPROBE_GYM_BUNDLE_STORE": str(store)}
+    return subprocess.run([sys.executable, "-m", "softprobe.gym.cli", *args], capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def library_digest(folder: Path) -> str:
+    async def resolve() -> str:
+        provider = DockerProvider()
+        try:
+            return (await resolve_bundle(load_bundle(folder), provider)).digest
+        finally:
+            await provider.close()
+
+    return asyncio.run(resolve())
+
+
+def write_tiny(folder: Path, name: str, *, compose: bool) -> Path:
+    (folder / "seed").mkdir(parents=True)
+    (folder / "seed" / "README.md").write_text("Support desk: refunds go in refund-note.md.\n")
+    lines = ["schema: softprobe.environment-bundle/v1", f"name: {name}", "image: softprobe/support-desk:latest",
+             "seed: seed", "episode: {max_steps: 5}", "assertions: [{type: contains, value: A-42}]",
+             "demo:", "  - {type: tool, name: crm.get_account, args: {id: A-42}}",
+             "  - {type: terminate, output: A-42 looked up}"]
+    if compose:
+        lines.append("compose: compose.yaml")
+        (folder / "svc").mkdir()
+        (folder / "svc" / "Dockerfile").write_text(f"FROM softprobe/base:latest\nENV BUNDLE_TEST_MARKER={name}\n")
+        (folder / "compose.yaml").write_text(
+            "services:\n  svc:\n    build: ./svc\n    command: python3 -m http.server 8080\n"
+            "    healthcheck: {test: [CMD, 'true'], interval: 200ms}\n"
+        )
+    (folder / "bundle.yaml").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.mark.docker
+def test_build_prints_the_library_digest_and_inspect_finds_it_by_digest(tmp_path: Path) -> None:
+    folder = write_tiny(tmp_path / "tiny", f"t-{secrets.token_hex(4)}", compose=False)
+    store = tmp_path / "store"
+    built = run_cli("bundle", "build", str(folder), store=store)
+    assert built.returncode == 0, built.stderr
+    digest = built.stdout.strip()
+    assert digest == library_digest(folder)
+    assert (store / f"{digest.removeprefix('sha256:')}.json").is_file()
+    for key in (digest, digest[7:20]):
+        shown = run_cli("bundle", "inspect", key, store=store)
+        assert shown.returncode == 0, shown.stderr
+        entry = json.loads(shown.stdout)
+        assert entry["digest"] == digest and entry["source"] == str(folder.resolve())
+        assert entry["manifest"]["image"] == entry["images"]["softprobe/support-desk:latest"]
+    from_folder = json.loads(run_cli("bundle", "inspect", str(folder), store=store).stdout)
+    assert from_folder["digest"] == digest and from_folder["manifest"] == entry["manifest"]
+    missing = run_cli("bundle", "inspect", "sha256:" + "0" * 64, store=store)
+    assert missing.returncode == 1 and "no bundle" in missing.stderr
+
+
+@pytest.mark.docker
+def test_a_compose_build_service_is_built_labelled_and_pinned_in_the_digest(tmp_path: Path) -> None:
+    name = f"t-{secrets.token_hex(4)}"
+    folder = write_tiny(tmp_path / "composed", name, compose=True)
+    tag = build_tag(name, "svc")
+    client = docker.from_env()
+    try:
+        built = run_cli("bundle", "build", str(folder), store=tmp_path / "store")
+        assert built.returncode == 0, built.stderr
+        image = client.images.get(tag)
+        assert image.labels[L.MANAGED] == "true" and image.labels[L.BUILD_HASH]
+        entry = json.loads(run_cli("bundle", "inspect", built.stdout.strip(), store=tmp_path / "store").stdout)
+        assert entry["manifest"]["services"][0]["image"] == image.id
+        again = run_cli("bundle", "build", str(folder), store=tmp_path / "store")
+        assert again.returncode == 0 and "up to date" in again.stderr
+        assert again.stdout == built.stdout
+    finally:
+        try:
+            client.images.remove(tag, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        with pytest.raises(docker.errors.ImageNotFound):
+            client.images.get(tag)
+        client.close()
+
+
+@pytest.mark.docker
+def test_run_is_the_demo_of_a_bundle(tmp_path: Path) -> None:
+    folder = write_tiny(tmp_path / "tiny", f"t-{secrets.token_hex(4)}", compose=False)
+    done = run_cli("bundle", "run", str(folder), "--run-root", str(tmp_path / "run"), store=tmp_path / "store")
+    assert done.returncode == 0, done.stderr
+    for expected in ["fs.list", "README.md", "crm.get_account", "Acme", "terminate", "artifacts:"]:
+        assert expected in done.stdout
+    (episode,) = (tmp_path / "run" / "episodes").iterdir()
+    digest = library_digest(folder)
+    assert json.loads((episode / "result.json").read_text())["bundle_digest"] == digest
+    assert json.loads((episode / "episode.json").read_text())["bundle_digest"] == digest
+
+
+def test_a_malformed_bundle_fails_with_its_line(tmp_path: Path) -> None:
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "bundle.yaml").write_text("schema: softprobe.environment-bundle/v1\nname: bad\nimage: x\nports: [80]\n")
+    done = run_cli("bundle", "build", str(folder), store=tmp_path / "store")
+    assert done.returncode == 1 and done.stdout == ""
+    assert f"{folder / 'bundle.yaml'}:4:1: ports: unknown key 'ports'" in done.stderr
+    assert not (tmp_path / "store").exists()
+
+
+def test_help_texts() -> None:
+    done = subprocess.run([sys.executable, "-m", "softprobe.gym.cli", "bundle", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0
+    for command in ("build", "inspect", "run"):
+        assert command in done.stdout

@@ -1,0 +1,140 @@
+"""The Compose subset a bundle may use instead of ``services:``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from bundle_fixtures import IMAGES, fake_resolver, write_bundle
+
+from softprobe.gym.bundles import build_tag, load_bundle, parse_duration, resolve
+from softprobe.gym.errors import BundleError
+
+HEAD = """\
+schema: softprobe.environment-bundle/v1
+name: composed
+image: softprobe/support-desk:latest
+compose: compose.yaml
+"""
+
+COMPOSE = """\
+version: "3.9"
+name: ignored
+x-note: extensions are ignored
+services:
+  billing:
+    image: softprobe/billing-service:latest
+    command: python3 /opt/billing/service.py --port "80 80"
+    environment:
+      BILLING_PORT: 8080
+      DEBUG: true
+    healthcheck:
+      test: ["CMD", "python3", "/opt/billing/health.py"]
+      interval: 200ms
+      timeout: 1m30s
+      start_period: 2s
+      retries: 100
+    depends_on:
+      db: {condition: service_healthy}
+  db:
+    build:
+      context: ./db
+      dockerfile: db.Dockerfile
+    environment: ["DB_FILE=/data/db.sqlite", "EMPTY="]
+    healthcheck:
+      test: python3 -c 'import sys'
+  worker:
+    build: db
+    command: [python3, -m, worker]
+    depends_on: [db]
+"""
+
+
+@pytest.fixture
+def composed(tmp_path: Path) -> Path:
+    return write_bundle(tmp_path / "b", HEAD, extra={"compose.yaml": COMPOSE, "db/db.Dockerfile": "FROM scratch\n",
+                                                    "db/Dockerfile": "FROM scratch\n"})
+
+
+def test_the_supported_subset_becomes_services(composed: Path) -> None:
+    bundle = load_bundle(composed)
+    billing, db, worker = bundle.world.services
+    assert billing.name == "billing" and billing.image == "softprobe/billing-service:latest"
+    assert billing.command == ["python3", "/opt/billing/service.py", "--port", "80 80"]
+    assert billing.environment == {"BILLING_PORT": "8080", "DEBUG": "true"}
+    assert billing.healthcheck is not None
+    assert billing.healthcheck.test == ["CMD", "python3", "/opt/billing/health.py"]
+    assert (billing.healthcheck.interval_s, billing.healthcheck.timeout_s) == (0.2, 90.0)
+    assert (billing.healthcheck.start_period_s, billing.healthcheck.retries) == (2.0, 100)
+    assert billing.depends_on == ("db",)
+    assert db.image == build_tag("composed", "db") == "softprobe-bundle/composed-db:latest"
+    assert db.environment == {"DB_FILE": "/data/db.sqlite", "EMPTY": ""}
+    assert db.healthcheck is not None and db.healthcheck.test == ["CMD-SHELL", "python3 -c 'import sys'"]
+    assert worker.command == ["python3", "-m", "worker"] and worker.depends_on == ("db",)
+    assert bundle.builds["db"].context == (composed / "db").resolve()
+    assert bundle.builds["db"].dockerfile == "db.Dockerfile" and bundle.builds["worker"].dockerfile == "Dockerfile"
+    assert bundle.world.network.mode == "services"
+
+
+def test_compose_and_services_lists_give_the_same_digest(tmp_path: Path) -> None:
+    compose = "services:\n  billing:\n    image: softprobe/billing-service:latest\n    command: python3 s.py\n" \
+              "    environment: [PORT=80]\n"
+    listed = "services:\n  - {name: billing, image: softprobe/billing-service:latest, command: [python3, s.py], " \
+             "environment: {PORT: '80'}}\n"
+    a = write_bundle(tmp_path / "a", HEAD, extra={"compose.yaml": compose})
+    b = write_bundle(tmp_path / "b", HEAD.replace("compose: compose.yaml\n", listed))
+    assert resolve(load_bundle(a), fake_resolver()).digest == resolve(load_bundle(b), fake_resolver()).digest
+
+
+def test_build_services_resolve_by_their_tag(composed: Path) -> None:
+    images = {**IMAGES, build_tag("composed", "db"): "sha256:" + "1" * 64, build_tag("composed", "worker"): "sha256:"
+              + "2" * 64}
+    resolved = resolve(load_bundle(composed), fake_resolver(images))
+    assert [s["image"] for s in resolved.manifest["services"]] == [IMAGES["softprobe/billing-service:latest"],
+                                                                 "sha256:" + "1" * 64, "sha256:" + "2" * 64]
+    with pytest.raises(BundleError, match="softprobe-gym bundle build"):
+        resolve(load_bundle(composed), fake_resolver())
+
+
+@pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("2s", 2.0), ("1m30s", 90.0), ("1h", 3600.0),
+                                           ("1.5s", 1.5), ("10us", 1e-5)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "2", "s", "2 s", "-1s", "2d"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)
+
+
+BAD = [
+    ("networks: {}\nservices:\n  a: {image: x}\n", 1, 1, "networks", "outside the supported Compose subset"),
+    ("services:\n  a:\n    image: x\n    privileged: true\n", 4, 5, "services.a.privileged", "outside the supported"),
+    ("services:\n  a:\n    image: x\n    build: .\n", 2, 3, "services.a", "image or build (one of them)"),
+    ("services:\n  a:\n    command: [x]\n", 2, 3, "services.a", "image or build"),
+    ("services:\n  a:\n    image: x\n    environment: [HOME]\n", 4, 19, "services.a.environment.0", "KEY=value"),
+    ("services:\n  a:\n    image: x\n    environment: {HOME: }\n", 4, 19, "services.a.environment.HOME",
+     "a value is needed"),
+    ("services:\n  a:\n    image: x\n    healthcheck: {test: [CMD, t], interval: soon}\n", 4, 35,
+     "services.a.healthcheck.interval", "not a duration"),
+    ("services:\n  a:\n    image: x\n    healthcheck: {test: [CMD, t], disable: true}\n", 4, 35,
+     "services.a.healthcheck.disable", "outside the supported"),
+    ("services:\n  a:\n    image: x\n  b:\n    image: x\n    depends_on: {a: {condition: service_completed_successfully}}\n",
+     6, 18, "services.b.depends_on.a", "service_healthy | service_started"),
+    ("services:\n  a:\n    build: {context: ., args: {X: 1}}\n", 3, 25, "services.a.build.args", "outside the supported"),
+    ("services:\n  a:\n    build: ../..\n", 3, 5, "services.a.build", "leads out of the bundle folder"),
+    ("services:\n  Bad_Name:\n    image: x\n", 2, 3, "services.Bad_Name.name", "DNS label"),
+    ("services: {}\n", 1, 1, "services", "at least one service"),
+]
+
+
+@pytest.mark.parametrize("compose, line, column, field, words", BAD, ids=[b[3] + ":" + b[4][:20] for b in BAD])
+def test_outside_the_subset_is_refused_at_its_line(
+    tmp_path: Path, compose: str, line: int, column: int, field: str, words: str
+) -> None:
+    folder = write_bundle(tmp_path / "b", HEAD, extra={"compose.yaml": compose})
+    with pytest.raises(BundleError) as caught:
+        load_bundle(folder)
+    expected = f"{folder / 'compose.yaml'}:{line}:{column}: {field}: "
+    assert any(p.startswith(expected) and words in p for p in caught.value.problems), caught.value.problems

@@ -1,0 +1,169 @@
+"""A bundle's digest: the same world gives the same digest wherever its folder is, and any change
+to what it references gives another (pure logic: a fake image resolver)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from bundle_fixtures import BUNDLE_YAML, IMAGES, fake_resolver, write_bundle
+
+from softprobe.gym.bundles import load_bundle, resolve, tree_digest
+from softprobe.gym.bundles.store import STORE_ENV, find, save
+from softprobe.gym.errors import BundleError
+
+
+def digest(folder: Path, images: dict[str, str] | None = None) -> str:
+    return resolve(load_bundle(folder), fake_resolver(images)).digest
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    folder = tmp_path / "one" / "tiny"
+    folder.mkdir(parents=True)
+    return write_bundle(folder)
+
+
+def test_digest_shape_and_manifest_references_are_digests(bundle: Path) -> None:
+    resolved = resolve(load_bundle(bundle), fake_resolver())
+    assert resolved.digest.startswith("sha256:") and len(resolved.digest) == 7 + 64
+    manifest = resolved.manifest
+    assert manifest["image"] == IMAGES["softprobe/support-desk:latest"]
+    assert manifest["services"][0]["image"] == IMAGES["softprobe/billing-service:latest"]
+    assert manifest["seed"].startswith("sha256:") and manifest["overlay"]["files"].startswith("sha256:")
+    assert manifest["schema"] == "softprobe.environment-bundle/v1"
+    # Nothing of where the bundle is on this machine is in it.
+    assert str(bundle) not in json.dumps(manifest)
+
+
+def test_same_bundle_copied_elsewhere_with_reordered_yaml_keys_has_the_same_digest(bundle: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "elsewhere" / "deeper" / "renamed"
+    shutil.copytree(bundle, copy, symlinks=True)
+    lines = (copy / "bundle.yaml").read_text().splitlines(keepends=True)
+    # The top-level blocks in another order, and flow mappings with their keys swapped.
+    reordered = "".join(lines[20:]) + "".join(lines[:20])
+    reordered = reordered.replace("{memory: 512m, cpus: 1.0, pids_limit: 256}", "{pids_limit: 256, cpus: 1.0, memory: 512m}")
+    (copy / "bundle.yaml").write_text(reordered)
+    for path in copy.rglob("*"):  # other times: mtimes never count
+        os.utime(path, (1_000_000, 1_000_000), follow_symlinks=False)
+    assert reordered != BUNDLE_YAML
+    assert digest(copy) == digest(bundle)
+
+
+Change = Callable[[Path], None]
+
+
+def _edit(relative: str, old: str, new: str) -> Change:
+    def change(folder: Path) -> None:
+        path = folder / relative
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new, 1))
+    return change
+
+
+def _chmod(relative: str, mode: int) -> Change:
+    return lambda folder: (folder / relative).chmod(mode)
+
+
+def _add(relative: str, text: str) -> Change:
+    return lambda folder: (folder / relative).write_text(text)
+
+
+CHANGES: dict[str, Change] = {
+    "one byte of an overlay file": _edit("tools/billing_tool.py", "True", "Trve"),
+    "one byte of a seed file": _edit("seed/docs/policy.md", "30", "31"),
+    "a seed file's exec bit": _chmod("seed/README.md", 0o755),
+    "an overlay file's exec bit": _chmod("tools/billing_tool.py", 0o644),
+    "a new empty seed file": _add("seed/empty.txt", ""),
+    "an assertion": _edit("bundle.yaml", "value: refund", "value: refunds"),
+    "a tool entry": _edit("bundle.yaml", "timeout_s: 10", "timeout_s: 11"),
+    "the network policy": _edit("bundle.yaml", "{mode: services}", "{mode: egress, allow: ['example.com:443']}"),
+    "a limit": _edit("bundle.yaml", "pids_limit: 256", "pids_limit: 257"),
+    "a capability": _edit("bundle.yaml", "environment_checkpoint: true", "environment_checkpoint: false"),
+    "the episode policy": _edit("bundle.yaml", "max_steps: 20", "max_steps: 21"),
+    "a service's environment": _edit("bundle.yaml", '"8080"', '"8081"'),
+    "the tape reference": _edit("bundle.yaml", "tape: null", "tape: sha256:" + "d" * 64),
+    "the agent image name (another image)": _edit("bundle.yaml", "image: softprobe/support-desk:latest",
+                                                  "image: softprobe/base:latest"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES), ids=list(CHANGES))
+def test_digest_changes_with_every_reference(bundle: Path, change: str) -> None:
+    before = digest(bundle)
+    CHANGES[change](bundle)
+    assert digest(bundle) != before
+
+
+def test_digest_follows_image_ids_not_names(bundle: Path) -> None:
+    before = digest(bundle)
+    agent_moved = {**IMAGES, "softprobe/support-desk:latest": "sha256:" + "e" * 64}
+    service_moved = {**IMAGES, "softprobe/billing-service:latest": "sha256:" + "f" * 64}
+    assert digest(bundle, agent_moved) != before
+    assert digest(bundle, service_moved) != before
+    # The same ids under other names: the same world.
+    _edit("bundle.yaml", "softprobe/support-desk:latest", "registry.local/desk:v1")(bundle)
+    assert digest(bundle, {**IMAGES, "registry.local/desk:v1": IMAGES["softprobe/support-desk:latest"]}) == before
+
+
+def test_name_description_and_demo_are_not_part_of_the_world(bundle: Path) -> None:
+    before = digest(bundle)
+    _edit("bundle.yaml", "name: tiny\ndescription: a tiny world", "name: tiny-two\ndescription: other words")(bundle)
+    (bundle / "bundle.yaml").write_text((bundle / "bundle.yaml").read_text() + "demo:\n  - {type: terminate, output: x}\n")
+    assert digest(bundle) == before
+
+
+def test_a_missing_image_is_a_clear_error(bundle: Path) -> None:
+    with pytest.raises(BundleError) as caught:
+        digest(bundle, {"softprobe/support-desk:latest": IMAGES["softprobe/support-desk:latest"]})
+    assert "softprobe/billing-service:latest" in str(caught.value) and "build or pull it" in str(caught.value)
+    assert "softprobe/support-desk:latest" not in caught.value.problems[0]
+
+
+def test_tree_digest_counts_symlinks_by_target_text_and_empty_folders(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.txt").write_text("a")
+    (tree / "link").symlink_to("a.txt")
+    first = tree_digest(tree)
+    (tree / "link").unlink()
+    (tree / "link").symlink_to("./a.txt")
+    second = tree_digest(tree)
+    (tree / "empty").mkdir()
+    assert len({first, second, tree_digest(tree)}) == 3
+
+
+def test_tree_digest_refuses_a_fifo(tmp_path: Path) -> None:
+    (tmp_path / "tree").mkdir()
+    os.mkfifo(tmp_path / "tree" / "pipe")
+    with pytest.raises(BundleError, match="only files, folders and symlinks"):
+        tree_digest(tmp_path / "tree")
+
+
+def test_store_saves_and_finds_by_digest_or_prefix(bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(STORE_ENV, str(tmp_path / "store"))
+    resolved = resolve(load_bundle(bundle), fake_resolver())
+    path = save(resolved)
+    assert path.parent == tmp_path / "store" and path.name == resolved.digest.removeprefix("sha256:") + ".json"
+    for key in (resolved.digest, resolved.digest[7:19]):
+        found = find(key)
+        assert found.digest == resolved.digest and found.manifest == resolved.manifest and found.name == "tiny"
+        assert found.source == str(bundle.resolve())
+    with pytest.raises(BundleError, match="no bundle"):
+        find("sha256:" + "0" * 64)
+    with pytest.raises(BundleError, match="neither a bundle folder nor a digest"):
+        find("not-a-digest")
+
+
+def test_store_prefix_naming_two_entries_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(STORE_ENV, str(tmp_path / "store"))
+    (tmp_path / "store").mkdir()
+    for hex_digest in ("abcd" + "0" * 60, "abcd" + "1" * 60):
+        (tmp_path / "store" / f"{hex_digest}.json").write_text("{}")
+    with pytest.raises(BundleError, match="names 2 stored bundles"):
+        find("abcd")
