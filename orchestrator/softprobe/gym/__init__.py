@@ -12,6 +12,7 @@ from softprobe.gym.episodes.forking import ForkLineage, ForkResult
 from softprobe.gym.episodes.hooks import StepContext
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.episodes.protocol import Host
+from softprobe.gym.episodes.toolspecs import ToolSchema, tool_name_for_function
 from softprobe.gym.errors import (
     CapabilityError,
     CheckpointTooLargeError,
@@ -134,6 +135,7 @@ __all__ = [
     "TerminatedEvent",
     "ToolAction",
     "ToolInfo",
+    "ToolSchema",
     "TrainEvalSplit",
     "TrainingSession",
     "TrajectoryStep",
@@ -148,4 +150,5 @@ __all__ = [
     "parse_action",
     "partition_train_eval",
     "rollout_to_promptfoo_input",
+    "tool_name_for_function",
 ]
