@@ -28,6 +28,8 @@ Invariants the host relies on:
   /proc shows only itself, so the workspace cannot change between steps and
   ``workspace_digest`` describes the world the next step starts from;
 - file tools never touch anything outside the workspace, after resolving symlinks;
+- tools the host adds (``overlay``, once, before any call) live outside the workspace in a folder
+  the shim made afresh, owned by it and read-only to every tool (``/opt/softprobe/overlay``);
 - tool output is capped; the cap keeps the head and the tail around a visible marker.
 
 Local mode (``--local``, and whenever the shim is not PID 1 of its own PID namespace): the same
