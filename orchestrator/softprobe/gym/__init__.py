@@ -13,6 +13,7 @@ from softprobe.gym.episodes.forking import ForkLineage, ForkResult
 from softprobe.gym.episodes.hooks import StepContext
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.episodes.protocol import Host
+from softprobe.gym.episodes.toolspecs import ToolSchema, tool_name_for_function
 from softprobe.gym.errors import (
     BundleError,
     CapabilityError,
@@ -139,6 +140,7 @@ __all__ = [
     "TerminatedEvent",
     "ToolAction",
     "ToolInfo",
+    "ToolSchema",
     "TrainEvalSplit",
     "TrainingSession",
     "TrajectoryStep",
@@ -153,4 +155,5 @@ __all__ = [
     "parse_action",
     "partition_train_eval",
     "rollout_to_promptfoo_input",
+    "tool_name_for_function",
 ]

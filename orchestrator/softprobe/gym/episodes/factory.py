@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -20,6 +20,8 @@ from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.settings import Capabilities, ContainerSettings
 from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, ToolSpec, World
+
+ModelT = TypeVar("ModelT", ToolSpec, ServiceSpec, NetworkPolicy)
 
 if TYPE_CHECKING:  # bundles import providers lazily; the factory only needs them when given one
     from softprobe.gym.bundles import Bundle, ResolvedBundle
@@ -195,22 +197,44 @@ def world_of(
         network = {"mode": network}
     if network is None:
         network = {"mode": "services" if services else "none"}
-    try:
-        return World(
-            tools=ToolOverlay(
-                tools=tuple(ToolSpec.model_validate(t) for t in tools),
-                files_root=None if tool_files is None else Path(tool_files).expanduser().resolve(),
-            ),
-            services=tuple(ServiceSpec.model_validate(s) for s in services),
-            network=NetworkPolicy.model_validate(network),
-        )
-    except ValidationError as err:
-        problems = []
-        for error in err.errors():
-            where = ".".join(str(part) for part in error["loc"])
-            problems.append(f"{where}: {error['msg'].removeprefix('Value error, ')}" if where
-                            else error["msg"].removeprefix("Value error, "))
-        raise ConfigurationError("invalid world: " + "; ".join(problems)) from None
+    problems: list[str] = []
+
+    def checked(model: type[ModelT], value: Any, where: str) -> ModelT | None:
+        try:
+            return model.model_validate(value)
+        except ValidationError as err:
+            problems.extend(f"{where}{_field(error['loc'])}: {_message(error['msg'])}" for error in err.errors())
+            return None
+
+    def named(kind: str, index: int, value: Any) -> str:
+        name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
+        return f"{kind}[{index}]" + (f" ({name!r})" if isinstance(name, str) else "")
+
+    tool_specs = [checked(ToolSpec, t, named("tools", i, t)) for i, t in enumerate(tools)]
+    service_specs = [checked(ServiceSpec, s, named("services", i, s)) for i, s in enumerate(services)]
+    policy = checked(NetworkPolicy, network, "network")
+    if policy is not None and not problems:
+        try:
+            return World(
+                tools=ToolOverlay(
+                    tools=tuple(t for t in tool_specs if t is not None),
+                    files_root=None if tool_files is None else Path(tool_files).expanduser().resolve(),
+                ),
+                services=tuple(s for s in service_specs if s is not None),
+                network=policy,
+            )
+        except ValidationError as err:
+            problems.extend(f"{_field(error['loc']).lstrip('.') or 'world'}: {_message(error['msg'])}"
+                            for error in err.errors())
+    raise ConfigurationError("invalid world: " + "; ".join(problems))
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    return "".join(f".{part}" if isinstance(part, str) else f"[{part}]" for part in loc)
+
+
+def _message(msg: str) -> str:
+    return msg.removeprefix("Value error, ")
 
 
 def open_host(config: HostConfig) -> HostEnvironment:

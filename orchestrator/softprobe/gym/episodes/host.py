@@ -23,6 +23,7 @@ from softprobe.gym.episodes.pool import WarmPool
 from softprobe.gym.episodes.registry import Episode, EpisodeRegistry, step_limit
 from softprobe.gym.episodes.stepping import Score, Stepper
 from softprobe.gym.episodes.store import EpisodeStore, validate_episode_id
+from softprobe.gym.episodes.toolspecs import ToolSchema, tool_schemas
 from softprobe.gym.errors import (
     CapabilityError,
     ConfigurationError,
@@ -118,6 +119,17 @@ class HostEnvironment:
         """
         return self._registry.get(episode_id).runtime
 
+    async def tool_specs(self, *, episode_id: str) -> list[ToolSchema]:
+        """Every tool of the episode as JSON Schema; see :meth:`Host.tool_specs`."""
+        episode = self._registry.get(episode_id)
+        runtime = episode.runtime
+        if runtime is None:
+            raise LifecycleError(
+                episode_id, episode.state.value, "list the tools of",
+                "its tools are known while it has a sandbox: reset it first",
+            )
+        return tool_schemas(runtime.hello.tools)
+
     def set_max_steps(self, *, episode_id: str, max_steps: int | None) -> None:
         """Change one episode's step limit (None: the host's ``max_steps``).
 
@@ -187,7 +199,7 @@ class HostEnvironment:
                     "image_id": runtime.image_id,
                     "shim_version": hello.shim_version,
                 },
-                tools=hello.tools,
+                tools=[tool.info() for tool in hello.tools],
                 source_trace_id=episode.source_trace_id,
                 duration_ms=_ms_since(started),
             )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from softprobe.gym.episodes.forking import ForkResult
+from softprobe.gym.episodes.toolspecs import ToolSchema
 from softprobe.gym.results import CheckpointRecord, EpisodeHandle, FinalizeResult, ResetResult, StepResult
 from softprobe.gym.settings import Capabilities
 
@@ -60,10 +61,32 @@ class Host(Protocol):
         an episode that already ran, the old container is removed first and the action log
         starts over: nothing of the previous attempt carries into the new one.
 
+        The world's added tools (``tools=``/``tool_files=``, or a bundle's overlay) are installed
+        in the container before the seed.
+
         Raises:
             LifecycleError: the episode is finalized or destroyed.
+            ConfigurationError: an added tool has the name of a tool the image declares (the
+                message names it), or ``tool_files`` holds a link leading out of it.
             ImageNotFoundError: the seed image is not where the provider runs.
             SandboxStartError / SandboxError: the container could not be started.
+        """
+        ...
+
+    async def tool_specs(self, *, episode_id: str) -> list[ToolSchema]:
+        """Every tool the episode's agent may call, as JSON Schema, for a policy to hand to a model.
+
+        The built-in tools first (``fs.read``, ``fs.write``, ``fs.list``, ``fs.delete``,
+        ``shell.exec``), then the tools the image declares and those the world adds, by name.
+        ``schema.as_function()`` gives the function-calling shape of OpenAI-style APIs, whose
+        function names cannot hold dots: ``crm.get_account`` is given as ``crm__get_account``,
+        and :func:`~softprobe.gym.episodes.toolspecs.tool_name_for_function` turns a model's
+        call back into the tool's name for a ``{"type": "tool", "name": ...}`` action.
+
+        Raises:
+            LifecycleError: the episode has no sandbox (not reset yet, finalized or destroyed).
+            ConfigurationError: two tools would have the same function name.
+            EpisodeNotFoundError: this host never had the episode.
         """
         ...
 

@@ -1,4 +1,5 @@
-"""Tar archives in and out of containers: seed files in, workspaces out, extracted safely."""
+"""Tar archives in and out of containers: seed and overlay files in, workspaces out, extracted
+safely."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tarfile
 from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO
 
-from softprobe.gym.errors import UnsafeArchiveError
+from softprobe.gym.errors import ConfigurationError, UnsafeArchiveError
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.text import has_surrogate, readable_text
 
@@ -51,6 +52,50 @@ def build_seed_archive(
             member = tarfile.TarInfo(str(parts))
             member.size, member.mode = len(data), 0o644
             archive.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def build_overlay_archive(files_root: Path) -> bytes:
+    """A tar of a tool overlay's files, names relative to the overlay folder, for the shim's
+    ``overlay`` op: folders, regular files (their exec bits kept, write bits for others
+    dropped) and symlinks that stay inside ``files_root``; root-owned, in a stable order.
+
+    Raises:
+        ConfigurationError: ``files_root`` holds a link leading out of it (or an absolute
+            one), or a file that is not a regular file, folder or symlink (a FIFO, a device).
+    """
+    root = files_root.resolve()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(dirnames + filenames):
+                path = Path(dirpath, name)
+                rel = path.relative_to(root).as_posix()
+                mode = path.lstat().st_mode
+                member = tarfile.TarInfo(rel)
+                member.mode = stat.S_IMODE(mode) & 0o755
+                if stat.S_ISLNK(mode):
+                    target = os.readlink(path)
+                    if os.path.isabs(target) or not _inside(os.path.realpath(path), str(root)):
+                        raise ConfigurationError(
+                            f"tool_files {files_root}: the link {rel} -> {target} leads outside the folder; "
+                            "copy the file into it instead"
+                        )
+                    member.type, member.linkname = tarfile.SYMTYPE, target
+                    archive.addfile(member)
+                elif stat.S_ISDIR(mode):
+                    member.type = tarfile.DIRTYPE
+                    archive.addfile(member)
+                elif stat.S_ISREG(mode):
+                    with open(path, "rb") as f:
+                        data = f.read()
+                    member.size = len(data)
+                    archive.addfile(member, io.BytesIO(data))
+                else:
+                    raise ConfigurationError(
+                        f"tool_files {files_root}: {rel} is not a regular file, folder or symlink"
+                    )
     return buffer.getvalue()
 
 

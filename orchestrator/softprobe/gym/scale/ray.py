@@ -25,6 +25,7 @@ from ray.exceptions import RayActorError
 from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environment
 from softprobe.gym.episodes.forking import ForkResult
 from softprobe.gym.episodes.host import HostEnvironment
+from softprobe.gym.episodes.toolspecs import ToolSchema
 from softprobe.gym.errors import GymError
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.results import CheckpointRecord, EpisodeHandle, FinalizeResult, ResetResult, StepResult
@@ -272,6 +273,11 @@ class DistributedHost:
     async def reset(self, *, episode_id: str) -> ResetResult:
         """See :meth:`Host.reset`; also NodeLostError."""
         result: ResetResult = await self._route("reset", episode_id)
+        return result
+
+    async def tool_specs(self, *, episode_id: str) -> list[ToolSchema]:
+        """See :meth:`Host.tool_specs`; also NodeLostError."""
+        result: list[ToolSchema] = await self._route("tool_specs", episode_id)
         return result
 
     async def step(self, *, episode_id: str, action: Any) -> StepResult:

@@ -11,6 +11,7 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
     {"id": 2, "op": "call", "tool": "fs.read", "args": {...}, "timeout_s": 30, "output_cap": 1048576}
     {"id": 3, "op": "exists", "path": "notes.md"}
     {"id": 4, "op": "read_text", "path": "notes.md", "max_bytes": 1048576}
+    {"id": 5, "op": "overlay", "tools": {"billing.refund": {...manifest entry...}}, "archive": "<base64 tar>"}
 
 Responses: ``{"id": N, "ok": true, "result": ...}`` or, when the request itself was unusable,
 ``{"id": N, "ok": false, "error": {"type": ..., "message": ...}}``. A tool that fails is *not* a
@@ -27,6 +28,8 @@ Invariants the host relies on:
   /proc shows only itself, so the workspace cannot change between steps and
   ``workspace_digest`` describes the world the next step starts from;
 - file tools never touch anything outside the workspace, after resolving symlinks;
+- tools the host adds (``overlay``, once, before any call) live outside the workspace in a folder
+  the shim made afresh, owned by it and read-only to every tool (``/opt/softprobe/overlay``);
 - tool output is capped; the cap keeps the head and the tail around a visible marker.
 
 Local mode (``--local``, and whenever the shim is not PID 1 of its own PID namespace): the same
@@ -80,6 +83,13 @@ if TYPE_CHECKING:
 PROTOCOL_VERSION = 1
 SHIM_VERSION = "1.0"
 DEFAULT_MANIFEST = "/etc/softprobe/tools.json"
+#: Where a container's overlay files (tools added without an image build) land: outside the
+#: workspace, root's, read-only to every tool.
+DEFAULT_OVERLAY = "/opt/softprobe/overlay"
+#: What an overlay tool's command items say for the overlay folder.
+OVERLAY_PLACEHOLDER = "${SOFTPROBE_OVERLAY}"
+#: The keys an overlay tool's manifest entry may have.
+OVERLAY_ENTRY_KEYS = frozenset({"description", "command", "args", "output", "timeout_s"})
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_OUTPUT_CAP = 1024 * 1024
 MAX_TIMEOUT_S = 24 * 3600.0
@@ -1064,8 +1074,9 @@ class Limits:
 class Shim:
     def __init__(self, workspace: str, manifest_path: str, digest_mode: str = "inotify",
                  identity: Identity | None = None, limits: Limits | None = None,
-                 local: bool = False, home: str | None = None) -> None:
+                 local: bool = False, home: str | None = None, overlay: str | None = None) -> None:
         self.hardened = False
+        self.local = local
         self.identity = identity or Identity()
         self.limits = limits or Limits()
         self.workspace = os.path.realpath(workspace)
@@ -1089,6 +1100,10 @@ class Shim:
         self._reset_pending()
         self.full_scan()
         self.declared = load_manifest(manifest_path)
+        # Local mode: beside the workspace (like its HOME), never inside it.
+        self.overlay = os.path.abspath(overlay or (self.workspace + ".overlay" if local else DEFAULT_OVERLAY))
+        self.overlay_requested = False  # one overlay op per shim: the tools are fixed after it
+        self.served_call = False
         self.builtins: dict[str, BuiltinTool] = {
             "fs.read": self.fs_read,
             "fs.write": self.fs_write,
@@ -1121,6 +1136,8 @@ class Shim:
             return {"workspace_digest": self.index.digest, "workspace_digest_complete": self.index.complete}
         if op == "seed":
             return self.seed(request)
+        if op == "overlay":
+            return self.install_overlay(request)
         raise ProtocolError("unknown op %r" % (op,))
 
     def full_scan(self) -> list[bytes]:
@@ -1236,7 +1253,8 @@ class Shim:
     def hello(self) -> dict[str, Any]:
         tools = [{"name": name, "builtin": True} for name in self.builtins]
         tools += [
-            {"name": name, "builtin": False, "description": spec.get("description", "")}
+            {"name": name, "builtin": False, "description": spec.get("description", ""),
+             "args": spec.get("args") if isinstance(spec.get("args"), dict) else {}}
             for name, spec in sorted(self.declared.items())
         ]
         files = [p for p, e in self.index.entries.items() if e[0] == "f"]
@@ -1263,6 +1281,7 @@ class Shim:
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()
+        self.served_call = True
         name = request.get("tool")
         args = request.get("args")
         timeout_s = _bounded_number(request.get("timeout_s"), DEFAULT_TIMEOUT_S, self.limits.max_timeout_s)
@@ -1583,6 +1602,57 @@ class Shim:
         self.full_scan()
         return self.hello()
 
+    # -- overlay -----------------------------------------------------------------------------
+
+    def install_overlay(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Add the host's tools (manifest entries) and their files, once, before the first call.
+
+        The files go into ``self.overlay``, outside the workspace: made afresh (a checkpoint's
+        image holds the parent's copy), the shim's own, folders 0755 and files 0644 or 0755, so
+        neither the agent nor a tool can change or add one. ``${SOFTPROBE_OVERLAY}`` in a
+        command names the folder. Refused: a second overlay, one after a call, a name of a
+        built-in or image-declared tool (``tool_conflict``), an entry the image's manifest
+        would not accept (``invalid_tool``), an archive member that is not a plain file, folder
+        or a link staying inside the folder (``protocol_error``).
+        """
+        import base64
+
+        if self.overlay_requested or self.served_call:
+            raise ProtocolError("the tools are fixed once the episode starts: an overlay comes once, before any call")
+        self.overlay_requested = True
+        tools = request.get("tools")
+        if not isinstance(tools, dict):
+            raise ProtocolError("overlay tools must be an object of tool name -> manifest entry")
+        entries: dict[str, dict[str, Any]] = {}
+        for name, spec in tools.items():
+            if name in self.builtins or name in self.declared:
+                kind = "a built-in tool" if name in self.builtins else "a tool the image declares"
+                raise ToolError("tool_conflict", "overlay tool %r has the name of %s" % (name, kind))
+            entries[name] = _overlay_entry(name, spec)
+        folder = self.overlay
+        if _inside_folder(folder, self.workspace) or _inside_folder(self.workspace, folder):
+            raise ProtocolError("the overlay folder %s overlaps the workspace" % folder)
+        archive = request.get("archive") or ""
+        if not isinstance(archive, str):
+            raise ProtocolError("overlay archive must be base64 text")
+        try:
+            data = base64.b64decode(archive, validate=True)
+        except ValueError as err:
+            raise ProtocolError("overlay archive is not base64: %s" % err) from err
+        _fresh_overlay_folder(folder, check_parents=not self.local)
+        try:
+            if data:
+                _extract_overlay(data, folder)
+            os.chmod(folder, 0o755)
+        except BaseException:
+            _remove_overlay(folder)
+            raise
+        for name, spec in entries.items():
+            spec["command"] = [item.replace(OVERLAY_PLACEHOLDER, folder) for item in spec["command"]]
+            self.declared[name] = spec
+        self.tool_env["SOFTPROBE_OVERLAY"] = folder
+        return self.hello()
+
     # -- host helpers (on_step) ----------------------------------------------------------------
 
     def _exists(self, request: dict[str, Any]) -> bool:
@@ -1605,6 +1675,138 @@ class Shim:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise ToolError("not_a_regular_file", "%r is not a regular file" % path)
             return f.read(limit).decode("utf-8", "replace")
+
+
+def _overlay_entry(name: object, spec: object) -> dict[str, Any]:
+    """A copy of an overlay tool's manifest entry, checked as strictly as the host's ToolSpec:
+    the shim serves it like an image-declared tool, so it must be one the manifest accepts."""
+    if not isinstance(name, str) or not name or len(name) > 64 or not name[0].isalpha() or not all(
+        c.isascii() and (c.isalnum() or c in "_.-") for c in name
+    ):
+        raise ToolError("invalid_tool", "overlay tool name %r must be a letter then letters, digits, '_', '.' "
+                        "or '-' (64 at most)" % (name,))
+    if not isinstance(spec, dict):
+        raise ToolError("invalid_tool", "overlay tool %r: its entry must be an object" % name)
+    unknown = sorted(str(k) for k in spec if k not in OVERLAY_ENTRY_KEYS)
+    if unknown:
+        raise ToolError("invalid_tool", "overlay tool %r: unknown keys %s" % (name, ", ".join(unknown)))
+    command = spec.get("command")
+    if not (isinstance(command, list) and command and all(isinstance(c, str) and c and "\x00" not in c
+                                                         for c in command)):
+        raise ToolError("invalid_tool", "overlay tool %r needs a non-empty command list of strings" % name)
+    args = spec.get("args", {"type": "object", "properties": {}})
+    if not isinstance(args, dict) or args.get("type", "object") != "object":
+        raise ToolError("invalid_tool", "overlay tool %r: args must be a JSON Schema of type object" % name)
+    if not isinstance(args.get("properties", {}), dict) or not isinstance(args.get("required", []), list):
+        raise ToolError("invalid_tool", "overlay tool %r: args properties must be an object, required a list" % name)
+    if not isinstance(spec.get("description", ""), str):
+        raise ToolError("invalid_tool", "overlay tool %r: description must be a string" % name)
+    if spec.get("output", "text") not in ("text", "json"):
+        raise ToolError("invalid_tool", "overlay tool %r: output must be 'text' or 'json'" % name)
+    entry = {"description": spec.get("description", ""), "command": list(command), "args": args,
+             "output": spec.get("output", "text")}
+    if "timeout_s" in spec:
+        timeout = spec["timeout_s"]
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ToolError("invalid_tool", "overlay tool %r: timeout_s must be a positive number" % name)
+        entry["timeout_s"] = float(timeout)
+    return entry
+
+
+def _inside_folder(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _fresh_overlay_folder(folder: str, check_parents: bool) -> None:
+    """Make ``folder`` empty and the shim's (mode 0700 until filled). In a container every folder
+    above it must be a real folder that only root (or the shim's uid) can change: otherwise a
+    tool could swap a parent for a link and redirect the overlay."""
+    parent = os.path.dirname(folder)
+    if check_parents:
+        current = "/"
+        for part in [p for p in parent.split("/") if p]:
+            current = os.path.join(current, part)
+            try:
+                st = os.lstat(current)
+            except FileNotFoundError:
+                os.mkdir(current, 0o755)
+                st = os.lstat(current)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                raise ProtocolError(
+                    "the overlay folder's parent %s is not a folder only root can change; refusing to "
+                    "install tools under it" % current
+                )
+    else:
+        os.makedirs(parent, exist_ok=True)
+    _remove_overlay(folder)
+    os.mkdir(folder, 0o700)
+
+
+def _remove_overlay(folder: str) -> None:
+    """Remove whatever is at ``folder`` (a folder, a file or a link, never followed)."""
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        os.chmod(folder, 0o700)
+        _rmtree(folder)
+    else:
+        os.unlink(folder)
+
+
+def _extract_overlay(data: bytes, folder: str) -> None:
+    """Extract a tar of overlay files into the empty ``folder``: only folders, regular files
+    and symlinks that resolve inside ``folder``; names relative, without ``..``, each once.
+    Files are written without following links (links are made last, into folders made here);
+    modes are 0755 for folders and for files with an exec bit, else 0644."""
+    import io
+    import tarfile
+
+    root = os.path.realpath(folder)
+    links: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    try:
+        archive = tarfile.open(fileobj=io.BytesIO(data))
+    except tarfile.TarError as err:
+        raise ProtocolError("the overlay archive is not a tar: %s" % err) from err
+    with archive:
+        for member in archive.getmembers():
+            name = os.path.normpath(member.name)
+            if (member.name.startswith("/") or name in (".", "") or ".." in name.split("/")
+                    or "\x00" in member.name):
+                raise ProtocolError("overlay archive member %r leaves the overlay folder" % member.name)
+            if name in seen:
+                raise ProtocolError("overlay archive member %r appears twice" % member.name)
+            seen.add(name)
+            target = os.path.join(root, name)
+            if member.isdir():
+                os.makedirs(target, 0o700, exist_ok=True)
+            elif member.isfile():
+                os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
+                body = archive.extractfile(member)
+                assert body is not None  # a regular file always has one
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(body.read())
+                    os.fchmod(out.fileno(), 0o755 if member.mode & 0o111 else 0o644)
+            elif member.issym():
+                if member.linkname.startswith("/") or "\x00" in member.linkname:
+                    raise ProtocolError("overlay link %r -> %r is absolute" % (member.name, member.linkname))
+                links.append((member.name, target, member.linkname))
+            else:
+                raise ProtocolError("overlay archive member %r is not a file, folder or symlink" % member.name)
+    for _shown, target, linkname in links:
+        os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
+        os.symlink(linkname, target)
+    # Only once every link is there: a later link can change where an earlier one leads.
+    for shown, target, linkname in links:
+        if not _inside_folder(os.path.realpath(target), root):
+            raise ProtocolError("overlay link %r -> %r leads outside the overlay folder" % (shown, linkname))
+    raw_root = os.fsencode(root)
+    for rel, is_dir in _walk(raw_root):
+        if is_dir:
+            os.chmod(os.path.join(raw_root, rel), 0o755)
 
 
 class ProtocolError(Exception):
@@ -1879,6 +2081,7 @@ def main(argv: list[str]) -> int:
     numbers: dict[str, int] = {}
     local_asked = False
     home = None
+    overlay = None
     it = iter(argv)
     for arg in it:
         if arg == "--local":
@@ -1889,6 +2092,8 @@ def main(argv: list[str]) -> int:
             workspace = next(it)
         elif arg == "--manifest":
             manifest = next(it)
+        elif arg == "--overlay":
+            overlay = next(it)
         elif arg == "--digest":
             digest_mode = next(it)
         elif arg.startswith("--") and arg[2:].replace("-", "_") in _NUMERIC_OPTIONS:
@@ -1938,7 +2143,7 @@ def main(argv: list[str]) -> int:
         max_changed=numbers.get("max_changed_paths", DEFAULT_MAX_CHANGED_PATHS),
         max_timeout_s=numbers.get("max_timeout_s", int(MAX_TIMEOUT_S)),
     )
-    shim = Shim(workspace, manifest, digest_mode, identity, limits, local=local, home=home)
+    shim = Shim(workspace, manifest, digest_mode, identity, limits, local=local, home=home, overlay=overlay)
     shim.hardened = hardened
     reader = _LineReader(stdin)
     while True:

@@ -18,6 +18,7 @@ from softprobe.gym.shim.protocol import (
     ExistsRequest,
     HelloRequest,
     HelloResult,
+    OverlayRequest,
     ReadTextRequest,
     RescanRequest,
     RescanResult,
@@ -33,6 +34,20 @@ RESPONSE_GRACE_S = 15.0
 _timeout = getattr(asyncio, "timeout", None)
 
 _Model = TypeVar("_Model", bound=BaseModel)
+
+
+class ShimRefusedError(SandboxError):
+    """The shim refused a request (our side sent something it does not accept).
+
+    Attributes:
+        kind: the shim's error type (``protocol_error``, ``tool_conflict``, ``invalid_tool``, ...).
+        detail: the shim's message.
+    """
+
+    def __init__(self, message: str, *, kind: str, detail: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.detail = detail
 
 
 class LineChannel(Protocol):
@@ -59,8 +74,8 @@ class ShimClient:
             The connection is unusable after this; the episode must be reset.
         ShimReplyError: the answer could not be read (not strict JSON, or not the shape the
             protocol defines). Only that request failed; the connection stays usable.
-        SandboxError: the shim refused the request (a protocol error on our side), or the
-            request could not be encoded.
+        ShimRefusedError: the shim refused the request (a protocol error on our side).
+        SandboxError: the request could not be encoded.
 
     Every string of a reply reaches the caller as readable text: lone surrogates (file names
     that are not UTF-8) become backslash escapes, so results can always be written as JSON.
@@ -90,6 +105,12 @@ class ShimClient:
         """Have the shim extract a tar of seed files into the workspace; return its new hello."""
         request = SeedRequest(archive=base64.b64encode(archive).decode("ascii"))
         return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S + 60), "seed")
+
+    async def overlay(self, tools: dict[str, dict[str, Any]], archive: bytes) -> HelloResult:
+        """Have the shim add ``tools`` (manifest entries) and extract ``archive`` (a tar, names
+        relative to its overlay folder, or empty); return its new hello. Once per sandbox."""
+        request = OverlayRequest(tools=tools, archive=base64.b64encode(archive).decode("ascii"))
+        return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S + 60), "overlay")
 
     async def exists(self, path: str) -> bool:
         return bool(await self._request(ExistsRequest(path=path), RESPONSE_GRACE_S))
@@ -130,11 +151,9 @@ class ShimClient:
                 detail = f" ({err})" if str(err) else ""
                 raise self._fail(f"the connection to the shim closed{detail}") from None
         if not response.ok:
-            failure = response.error
-            raise SandboxError(
-                f"the shim refused a {request.op!r} request: "
-                f"{failure.type if failure else '?'}: {failure.message if failure else ''}"
-            )
+            kind, detail = (response.error.type, response.error.message) if response.error else ("?", "")
+            message = f"the shim refused a {request.op!r} request: {kind}: {detail}"
+            raise ShimRefusedError(message, kind=kind, detail=detail)
         return response.result
 
     async def _exchange(self, line: bytes, request_id: int) -> ShimResponse:

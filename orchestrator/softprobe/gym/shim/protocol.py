@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from softprobe.gym.results import StepError, ToolInfo
 
@@ -52,6 +52,16 @@ class SeedRequest(_Request):
     archive: str
 
 
+class OverlayRequest(_Request):
+    """Add tools without an image build, once, right after the handshake: ``tools`` maps each
+    name to its manifest entry (as in ``tools.json``); ``archive`` is a base64 tar of the files
+    (names relative to the overlay folder) or ``""``. The shim answers with its new hello."""
+
+    op: Literal["overlay"] = "overlay"
+    tools: dict[str, dict[str, Any]]
+    archive: str = ""
+
+
 class RescanRequest(_Request):
     """Sweep every process, then walk the whole workspace: a digest that trusts no tracker."""
 
@@ -63,7 +73,9 @@ class RescanResult(BaseModel):
     workspace_digest_complete: bool = True
 
 
-ShimRequest = HelloRequest | CallRequest | ExistsRequest | ReadTextRequest | SeedRequest | RescanRequest
+ShimRequest = (
+    HelloRequest | CallRequest | ExistsRequest | ReadTextRequest | SeedRequest | OverlayRequest | RescanRequest
+)
 
 
 class ShimFailure(BaseModel):
@@ -80,6 +92,21 @@ class ShimResponse(BaseModel):
     error: ShimFailure | None = None
 
 
+class HelloTool(BaseModel):
+    """A tool as the shim's hello lists it: declared tools (image or overlay) carry ``args``,
+    their JSON Schema; built-in tools' schemas are the host's
+    (:data:`softprobe.gym.episodes.toolspecs.BUILTIN_TOOL_SCHEMAS`)."""
+
+    name: str
+    builtin: bool
+    description: str = ""
+    args: dict[str, Any] | None = Field(default=None, description="JSON Schema of a declared tool's arguments")
+
+    def info(self) -> ToolInfo:
+        """The tool as results list it (without its schema)."""
+        return ToolInfo(name=self.name, builtin=self.builtin, description=self.description)
+
+
 class HelloResult(BaseModel):
     """The shim's introduction: its version, user, tools and the initial workspace."""
 
@@ -91,7 +118,7 @@ class HelloResult(BaseModel):
     tool_uid: int = 0  # what image-declared tools run as
     shim_sha256: str = ""
     workspace: str
-    tools: list[ToolInfo]
+    tools: list[HelloTool]
     workspace_digest: str
     workspace_digest_complete: bool = True
     workspace_files: list[str]  # at most max_list_entries, sorted

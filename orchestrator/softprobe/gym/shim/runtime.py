@@ -1,8 +1,9 @@
 """A sandbox with a live shim: what the host steps, whatever provider runs the sandbox.
 
 :meth:`Runtime.start` asks a provider for a sandbox, completes the shim's handshake over the
-sandbox's channel (checking that the shim is this library's own program) and extracts the seed;
-after that every tool call, check and copy goes through the runtime.
+sandbox's channel (checking that the shim is this library's own program), installs the world's
+added tools (its :class:`~softprobe.gym.worlds.ToolOverlay`) and extracts the seed; after that
+every tool call, check and copy goes through the runtime.
 """
 
 from __future__ import annotations
@@ -11,12 +12,17 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from softprobe.gym.errors import SandboxLostError, SandboxStartError
+from softprobe.gym.errors import ConfigurationError, SandboxLostError, SandboxStartError
+from softprobe.gym.providers.archive import build_overlay_archive
 from softprobe.gym.providers.base import WORKSPACE, Provider, Sandbox, SandboxSpec
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.shim import SHIM_SHA256
-from softprobe.gym.shim.client import ShimClient
+from softprobe.gym.shim.client import ShimClient, ShimRefusedError
 from softprobe.gym.shim.protocol import CallResult, HelloResult
+from softprobe.gym.worlds import ToolOverlay
+
+#: What an overlay request carries: manifest entries by tool name, and the files as a tar.
+OverlayPayload = tuple[dict[str, dict[str, Any]], bytes]
 
 #: How long a new sandbox's shim may take to answer its first request.
 HELLO_TIMEOUT_S = 60.0
@@ -42,14 +48,20 @@ class Runtime:
     async def start(cls, provider: Provider, spec: SandboxSpec) -> Runtime:
         """Start a sandbox of ``spec`` on ``provider`` and bring its shim up.
 
-        Nothing of a sandbox that did not come up stays behind: its connection and the sandbox
-        are removed before the error is raised.
+        Every start (cold, for the warm pool, from a checkpoint's image) installs the tools of
+        ``spec.world`` right after the handshake, before the seed: a sandbox always offers its
+        world's tools. Nothing of a sandbox that did not come up stays behind: its connection
+        and the sandbox are removed before the error is raised.
 
         Raises:
+            ConfigurationError: the world's tools cannot be installed: ``files_root`` holds a
+                link leading out (before any sandbox starts), or a tool's name is one the image
+                declares already (the message names the tool).
             ImageNotFoundError: the image is not where the provider runs.
             SandboxStartError: the shim did not answer, or is not this library's program.
             SandboxError: the provider failed.
         """
+        overlay = await overlay_payload(spec.world.tools)
         sandbox = await provider.start(spec)
         client = ShimClient(sandbox.channel)
         try:
@@ -61,6 +73,8 @@ class Runtime:
                     "image with `softprobe-gym images build`"
                 )
             runtime = cls(provider, sandbox, client, hello)
+            if overlay is not None:
+                await runtime._install_overlay(overlay, spec.image)
             if sandbox.pending_seed is not None:
                 await runtime.seed_archive(sandbox.pending_seed)
         except BaseException as err:
@@ -73,6 +87,24 @@ class Runtime:
                 ) from None
             raise
         return runtime
+
+    async def _install_overlay(self, payload: OverlayPayload, image: str) -> None:
+        tools, archive = payload
+        try:
+            self.hello = await self._client.overlay(tools, archive)
+        except ShimRefusedError as err:
+            if err.kind == "tool_conflict":
+                raise ConfigurationError(
+                    f"the world's tools cannot be added to a sandbox of {image!r}: {err.detail}; rename the "
+                    "added tool (a tool's name must be unique among built-in, image and added tools)"
+                ) from None
+            if err.kind == "invalid_tool":
+                raise ConfigurationError(
+                    f"the world's tools cannot be added to a sandbox of {image!r}: {err.detail}"
+                ) from None
+            raise SandboxStartError(
+                f"the shim in a sandbox of {image!r} refused the world's tools: {err.detail}"
+            ) from None
 
     @property
     def sandbox_id(self) -> str:
@@ -164,4 +196,22 @@ class Runtime:
         await asyncio.shield(self.sandbox.remove())
 
 
-__all__ = ["HELLO_TIMEOUT_S", "Runtime"]
+async def overlay_payload(overlay: ToolOverlay) -> OverlayPayload | None:
+    """The shim's ``overlay`` request for ``overlay`` (None when it adds nothing).
+
+    Raises:
+        ConfigurationError: ``files_root`` holds a link leading out, or a special file.
+    """
+    if overlay.empty:
+        return None
+    tools = {tool.name: tool.manifest_entry() for tool in overlay.tools}
+    if overlay.files_root is None:
+        return tools, b""
+    try:
+        archive = await asyncio.to_thread(build_overlay_archive, overlay.files_root)
+    except OSError as err:
+        raise ConfigurationError(f"tool_files {overlay.files_root} cannot be read: {err}") from None
+    return tools, archive
+
+
+__all__ = ["HELLO_TIMEOUT_S", "Runtime", "overlay_payload"]

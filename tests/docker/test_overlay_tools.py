@@ -1,0 +1,158 @@
+"""Tools without an image build in real containers: the overlay lands in /opt/softprobe/overlay,
+root's and read-only to the agent and the tool uid, and comes back after a warm-pool reset and
+a checkpoint import. The overlay op's logic is tested on the local provider
+(tests/unit/test_overlay_tools.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from helpers import BASE, host_containers, tool
+
+from softprobe.gym import HostEnvironment, create_host_environment
+
+pytestmark = pytest.mark.docker
+
+OVERLAY = "/opt/softprobe/overlay"
+
+REFUND = '''
+import json, os, sys
+args = json.load(sys.stdin)
+rates = json.load(open(os.path.join(os.environ["SOFTPROBE_OVERLAY"], "data", "rates.json")))
+print(json.dumps({"refunded": args["amount"] * rates["factor"], "uid": os.getuid()}))
+'''
+
+TOOLS = [
+    {
+        "name": "billing.refund",
+        "args": {"type": "object", "properties": {"amount": {"type": "number"}}, "required": ["amount"]},
+        "command": ["python3", "${SOFTPROBE_OVERLAY}/refund.py"],
+        "output": "json",
+    },
+    {
+        # A tool that turns on the overlay: it runs under the tool uid.
+        "name": "evil.tamper",
+        "args": {"type": "object", "properties": {"script": {"type": "string"}}, "required": ["script"]},
+        "command": ["python3", "-c", "import json, subprocess, sys; "
+                    "sys.exit(subprocess.call(['/bin/sh', '-c', json.load(sys.stdin)['script']]))"],
+    },
+]
+
+ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
+
+
+class Subject:
+    def export_state(self, episode_id: str) -> dict:
+        return {}
+
+    def import_state(self, episode_id: str, state: dict) -> None:
+        pass
+
+
+@pytest.fixture
+def tool_files(tmp_path: Path) -> Path:
+    folder = tmp_path / "overlay-src"
+    (folder / "data").mkdir(parents=True)
+    (folder / "refund.py").write_text(REFUND)
+    (folder / "data" / "rates.json").write_text('{"factor": 2}')
+    (folder / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (folder / "run.sh").chmod(0o775)
+    return folder
+
+
+async def _host(tmp_path: Path, tool_files: Path, **kwargs: object) -> AsyncIterator[HostEnvironment]:
+    host = create_host_environment(run_root=tmp_path / "run", image=BASE, tools=TOOLS, tool_files=tool_files,
+                                   tool_timeout_s=20, **kwargs)
+    try:
+        yield host
+    finally:
+        await host.close()
+        assert not host_containers(host), "the host left containers behind"
+
+
+@pytest.fixture
+async def host(tmp_path: Path, tool_files: Path) -> AsyncIterator[HostEnvironment]:
+    async for env in _host(tmp_path, tool_files):
+        yield env
+
+
+async def _sh(host: HostEnvironment, episode_id: str, command: str):  # type: ignore[no-untyped-def]
+    return await host.step(episode_id=episode_id, action=tool("shell.exec", command=command))
+
+
+async def test_an_overlay_tool_runs_in_a_container_under_the_tool_uid(host):
+    await host.create_episode(episode_id="ep")
+    reset = await host.reset(episode_id="ep")
+    assert {"billing.refund", "evil.tamper"} <= set(reset.observation["tools"])
+    result = await host.step(episode_id="ep", action=tool("billing.refund", amount=21))
+    assert result.error is None, result
+    hello = host.runtime_of(episode_id="ep").hello
+    assert result.observation == {"refunded": 42, "uid": hello.tool_uid}
+    assert hello.tool_uid not in (0, hello.uid)
+    listing = await _sh(host, "ep", f"cd {OVERLAY} && stat -c '%a %u %n' . data data/rates.json refund.py run.sh")
+    assert listing.observation.splitlines() == [
+        "755 0 .", "755 0 data", "644 0 data/rates.json", "644 0 refund.py", "755 0 run.sh",
+    ]
+    specs = {s.name: s for s in await host.tool_specs(episode_id="ep")}
+    assert specs["billing.refund"].as_function()["function"]["name"] == "billing__refund"
+
+
+ATTACKS = [
+    f"echo hacked >> {OVERLAY}/refund.py",
+    f"echo hacked > {OVERLAY}/refund.py",
+    f"rm -f {OVERLAY}/refund.py",
+    f"chmod 777 {OVERLAY}/refund.py",
+    f"chmod 777 {OVERLAY}",
+    # A rename within one filesystem (the workspace's, the container's root): only the folder's
+    # permissions stand in its way.
+    f"cd /workspace && echo 'print(1)' > evil.py && mv -f evil.py {OVERLAY}/refund.py",
+    f"ln -sf /tmp/evil.py {OVERLAY}/refund.py",
+    f"touch {OVERLAY}/new.py",
+    f"mkdir {OVERLAY}/data/more",
+    f"mv {OVERLAY}/data {OVERLAY}/moved",
+    f"mv {OVERLAY} /tmp/overlay",
+    "mv /opt/softprobe /tmp/softprobe",
+    "ln -s /tmp /opt/softprobe/overlay2",
+    f"chown $(id -u) {OVERLAY}/refund.py",
+]
+
+FINGERPRINT = f"cd {OVERLAY} && find . -exec stat -c '%a %u %g %F %n' {{}} + | sort && cat refund.py data/rates.json"
+
+
+async def test_neither_the_agent_nor_a_tool_can_change_the_overlay(host):
+    await host.create_episode(episode_id="ep")
+    await host.reset(episode_id="ep")
+    before = (await _sh(host, "ep", FINGERPRINT)).observation
+    assert "refund.py" in before
+    for attack in ATTACKS:
+        as_agent = await _sh(host, "ep", attack)
+        assert as_agent.error is not None and as_agent.error.type == "command_failed", (attack, as_agent)
+        as_tool = await host.step(episode_id="ep", action=tool("evil.tamper", script=attack))
+        assert as_tool.error is not None and as_tool.error.type == "tool_failed", (attack, as_tool)
+    assert (await _sh(host, "ep", FINGERPRINT)).observation == before
+    result = await host.step(episode_id="ep", action=tool("billing.refund", amount=1))
+    assert result.error is None and result.observation["refunded"] == 2
+
+
+async def test_overlay_tools_survive_a_warm_pool_reset_and_checkpoint_import(tmp_path, tool_files):
+    async for host in _host(tmp_path, tool_files, pool_size=1, capabilities=ALL_CAPS, subject=Subject()):
+        await host.warm_up()
+        assert host.pool is not None and host.pool.ready == 1
+        pooled = host.pool._ready[0].sandbox_id
+        await host.create_episode(episode_id="parent")
+        await host.reset(episode_id="parent")
+        assert host.runtime_of(episode_id="parent").sandbox_id == pooled
+        first = await host.step(episode_id="parent", action=tool("billing.refund", amount=1))
+        assert first.error is None and first.observation["refunded"] == 2
+        ckpt = await host.checkpoint(episode_id="parent")
+
+        child = await host.fork(episode_id="parent", path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)
+        again = await host.step(episode_id=child.episode_id, action=tool("billing.refund", amount=3))
+        assert again.error is None and again.observation["refunded"] == 6
+        # The image holds the parent's overlay; the child's shim made it afresh, just as sealed.
+        tamper = await _sh(host, child.episode_id, f"touch {OVERLAY}/new.py")
+        assert tamper.error is not None
+        run = await _sh(host, child.episode_id, f"{OVERLAY}/run.sh")
+        assert run.error is None and run.observation == "ran\n"
