@@ -180,3 +180,17 @@ def png_size(path) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     header = path.read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
     return struct.unpack(">II", header[16:24])
+
+
+#: Every capability declared (checkpoint_import needs a subject: pass ``subject=NullSubject()``).
+ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
+
+
+class NullSubject:
+    """A subject whose state is nothing: for tests where only the sandbox's world matters."""
+
+    def export_state(self, episode_id: str) -> dict:
+        return {}
+
+    def import_state(self, episode_id: str, state: dict) -> None:
+        return None

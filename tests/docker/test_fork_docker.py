@@ -5,27 +5,18 @@ from __future__ import annotations
 
 import docker
 import pytest
-from helpers import SUPPORT_DESK, ready
+from helpers import ALL_CAPS, SUPPORT_DESK, NullSubject, ready
 
 from softprobe.gym import create_host_environment
 
 pytestmark = pytest.mark.docker
-ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
 
 
-class Subject:
-    """A subject whose state is a constant: only the images matter here."""
-
-    def export_state(self, episode_id: str) -> dict:
-        return {}
-
-    def import_state(self, episode_id: str, state: dict) -> None:
-        pass
 
 
 async def test_checkpoint_images_go_with_their_last_user(tmp_path, docker_engine):
     async with create_host_environment(
-        run_root=tmp_path, image=SUPPORT_DESK, capabilities=ALL_CAPS, subject=Subject()
+        run_root=tmp_path, image=SUPPORT_DESK, capabilities=ALL_CAPS, subject=NullSubject()
     ) as host:
         client = docker.from_env()
         parent = await ready(host, "parent")

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers import BASE, host_containers, tool
+from helpers import ALL_CAPS, BASE, NullSubject, host_containers, tool
 
 from softprobe.gym import HostEnvironment, create_host_environment
 
@@ -40,15 +40,8 @@ TOOLS = [
     },
 ]
 
-ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
 
 
-class Subject:
-    def export_state(self, episode_id: str) -> dict:
-        return {}
-
-    def import_state(self, episode_id: str, state: dict) -> None:
-        pass
 
 
 @pytest.fixture
@@ -137,7 +130,7 @@ async def test_neither_the_agent_nor_a_tool_can_change_the_overlay(host):
 
 
 async def test_overlay_tools_survive_a_warm_pool_reset_and_checkpoint_import(tmp_path, tool_files):
-    async for host in _host(tmp_path, tool_files, pool_size=1, capabilities=ALL_CAPS, subject=Subject()):
+    async for host in _host(tmp_path, tool_files, pool_size=1, capabilities=ALL_CAPS, subject=NullSubject()):
         await host.warm_up()
         assert host.pool is not None and host.pool.ready == 1
         pooled = host.pool._ready[0].sandbox_id

@@ -14,7 +14,7 @@ import uuid
 
 import docker
 import pytest
-from helpers import BASE, ready, tool
+from helpers import ALL_CAPS, BASE, NullSubject, ready, tool
 
 from softprobe.gym import ConfigurationError, create_host_environment
 from softprobe.gym import labels as L
@@ -22,7 +22,6 @@ from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.providers.local.provider import LocalProvider
 
 pytestmark = pytest.mark.docker
-CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
 
 # A counter service: GET /count, POST /inc; its state is a file in the container's filesystem.
 COUNTER = r"""
@@ -45,12 +44,6 @@ COUNTER_SERVICE = {"name": "counter", "image": BASE, "command": ["python3", "-I"
                    "healthcheck": {"test": HEALTH, "interval_s": 0.1, "retries": 300}}
 
 
-class Subject:
-    def export_state(self, episode_id: str) -> dict:
-        return {}
-
-    def import_state(self, episode_id: str, state: dict) -> None:
-        pass
 
 
 def fetch(url: str, method: str = "GET", timeout: float = 3) -> dict:
@@ -175,7 +168,7 @@ async def test_a_world_never_reaches_the_machine_it_runs_on(tmp_path, client, ho
 
 async def test_checkpoint_import_restores_the_services_state(tmp_path, client, docker_engine):
     async with create_host_environment(
-        run_root=tmp_path, image=BASE, services=[COUNTER_SERVICE], capabilities=CAPS, subject=Subject()
+        run_root=tmp_path, image=BASE, services=[COUNTER_SERVICE], capabilities=ALL_CAPS, subject=NullSubject()
     ) as host:
         parent = await ready(host, "parent")
         for _ in range(3):

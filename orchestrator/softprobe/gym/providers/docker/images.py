@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import docker
 import docker.errors
@@ -234,30 +234,8 @@ def _build_one(
     image_labels = {L.IMAGE_NAME: spec.name, L.BUILD_HASH: build_hash}
     if spec.name == "base":
         image_labels[L.SHIM_SHA256] = SHIM_SHA256
-    stream = client.api.build(
-        fileobj=io.BytesIO(context),
-        custom_context=True,
-        dockerfile=f"images/{spec.folder}/Dockerfile",
-        tag=spec.tag,
-        buildargs=build_args,
-        labels=image_labels,
-        rm=True,
-        forcerm=True,
-        pull=False,
-        decode=True,
-    )
-    image_id: str | None = None
-    for chunk in stream:
-        if "error" in chunk:
-            raise ImageBuildError(f"building {spec.tag} failed: {chunk['error'].strip()}")
-        if "aux" in chunk and "ID" in chunk["aux"]:
-            image_id = chunk["aux"]["ID"]
-    if image_id is None:
-        image_id = _id_of(client.images.get(spec.tag))
-    if previous is not None and previous.id != image_id:
-        _remove_superseded(client, _id_of(previous))
-    log(f"built {spec.tag} ({image_id[:19]})")
-    return BuildOutcome(spec.tag, image_id, built=True)
+    return _build(client, context, f"images/{spec.folder}/Dockerfile", spec.tag, image_labels, previous, log,
+                  buildargs=build_args)
 
 
 def build_context(spec: ImageSpec) -> bytes:
@@ -313,6 +291,29 @@ def _first_line(err: Exception) -> str:
 # -- environment bundles' Compose `build:` services --------------------------------------------
 
 
+def _build(
+    client: docker.DockerClient, context: bytes, dockerfile: str, tag: str, labels: dict[str, str],
+    previous: Image | None, log: Log, **options: Any,
+) -> BuildOutcome:
+    """Build ``context`` (a tar) as ``tag``; the image it replaces under that tag goes."""
+    stream = client.api.build(
+        fileobj=io.BytesIO(context), custom_context=True, dockerfile=dockerfile, tag=tag, labels=labels,
+        rm=True, forcerm=True, pull=False, decode=True, **options,
+    )
+    image_id: str | None = None
+    for chunk in stream:
+        if "error" in chunk:
+            raise ImageBuildError(f"building {tag} failed: {chunk['error'].strip()}")
+        if "aux" in chunk and "ID" in chunk["aux"]:
+            image_id = chunk["aux"]["ID"]
+    if image_id is None:
+        image_id = _id_of(client.images.get(tag))
+    if previous is not None and previous.id != image_id:
+        _remove_superseded(client, _id_of(previous))
+    log(f"built {tag} ({image_id[:19]})")
+    return BuildOutcome(tag, image_id, built=True)
+
+
 def build_bundle_image(
     *,
     context: Path,
@@ -346,23 +347,8 @@ def build_bundle_image(
             log(f"{tag} is up to date")
             return BuildOutcome(tag, _id_of(previous), built=False)
         log(f"building {tag} from {context} ...")
-        stream = client.api.build(
-            fileobj=io.BytesIO(archive), custom_context=True, dockerfile=dockerfile, tag=tag,
-            labels={L.MANAGED: "true", L.IMAGE_NAME: name, L.BUILD_HASH: build_hash},
-            rm=True, forcerm=True, pull=False, decode=True,
-        )
-        image_id: str | None = None
-        for chunk in stream:
-            if "error" in chunk:
-                raise ImageBuildError(f"building {tag} failed: {chunk['error'].strip()}")
-            if "aux" in chunk and "ID" in chunk["aux"]:
-                image_id = chunk["aux"]["ID"]
-        if image_id is None:
-            image_id = _id_of(client.images.get(tag))
-        if previous is not None and previous.id != image_id:
-            _remove_superseded(client, _id_of(previous))
-        log(f"built {tag} ({image_id[:19]})")
-        return BuildOutcome(tag, image_id, built=True)
+        labels = {L.MANAGED: "true", L.IMAGE_NAME: name, L.BUILD_HASH: build_hash}
+        return _build(client, archive, dockerfile, tag, labels, previous, log)
     except docker.errors.DockerException as err:
         raise ImageBuildError(f"building {tag} failed: {_first_line(err)}") from None
     finally:
