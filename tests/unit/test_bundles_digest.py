@@ -78,6 +78,9 @@ CHANGES: dict[str, Change] = {
     "one byte of an overlay file": _edit("tools/billing_tool.py", "True", "Trve"),
     "one byte of a seed file": _edit("seed/docs/policy.md", "30", "31"),
     "a seed file's exec bit": _chmod("seed/README.md", 0o755),
+    # The seed keeps every permission bit in the world: a file the agent cannot read differs.
+    "a seed file's read bits": _chmod("seed/README.md", 0o600),
+    "a seed folder's bits": _chmod("seed/docs", 0o700),
     "an overlay file's exec bit": _chmod("tools/billing_tool.py", 0o644),
     "a new empty seed file": _add("seed/empty.txt", ""),
     "an assertion": _edit("bundle.yaml", "value: refund", "value: refunds"),
@@ -167,3 +170,19 @@ def test_store_prefix_naming_two_entries_is_refused(tmp_path: Path, monkeypatch:
         (tmp_path / "store" / f"{hex_digest}.json").write_text("{}")
     with pytest.raises(BundleError, match="names 2 stored bundles"):
         find("abcd")
+
+
+def test_the_order_of_tools_in_bundle_yaml_is_not_part_of_the_world(bundle: Path) -> None:
+    second = """
+    - name: billing.refund
+      command: [python3, "${SOFTPROBE_OVERLAY}/billing_tool.py", refund]
+"""
+    text = (bundle / "bundle.yaml").read_text()
+    (bundle / "bundle.yaml").write_text(text.replace("services:", second.strip("\n") + "\nservices:", 1))
+    before = digest(bundle)
+    first, rest = text.split("    - name: billing.get_invoice", 1)
+    tool_block, after = rest.split("services:", 1)
+    (bundle / "bundle.yaml").write_text(first + second.strip("\n").lstrip("\n") + "\n    - name: billing.get_invoice"
+                                        + tool_block + "services:" + after)
+    assert [t.name for t in load_bundle(bundle).world.tools.tools][0] == "billing.refund"
+    assert digest(bundle) == before

@@ -148,3 +148,23 @@ def test_the_readme_example_is_a_valid_bundle(tmp_path: Path) -> None:
     (folder / "tools" / "billing_tool.py").write_text("")
     bundle = load_bundle(folder)
     assert bundle.name == "support-desk-billing" and bundle.world.services[0].name == "billing"
+
+
+def test_yaml_aliases_are_refused_before_they_expand(tmp_path: Path) -> None:
+    # A "billion laughs" file: a few hundred bytes, 10**9 nodes once the aliases expand.
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(8))
+    folder = tmp_path / "bomb"
+    folder.mkdir()
+    (folder / "bundle.yaml").write_text(bomb)
+    with pytest.raises(BundleError, match=r"bundle.yaml:2:\d+: YAML aliases \(\*a\) are not supported"):
+        load_bundle(folder)
+
+
+def test_an_overlay_link_leading_out_is_refused_at_load(tmp_path: Path) -> None:
+    folder = write_bundle(tmp_path / "b")
+    os.symlink("/etc/passwd", folder / "tools" / "passwd")
+    with pytest.raises(BundleError, match=r"bundle.yaml:\d+:\d+: overlay.files: .*passwd"):
+        load_bundle(folder)

@@ -110,3 +110,12 @@ async def test_a_flood_cannot_push_the_first_decisions_out(decisions, monkeypatc
     assert recorded[0]["event"] == "allowed"  # the early, interesting one stays
     assert sum(1 for d in recorded if d["event"] in ("allowed", "refused")) == 5
     assert [d["count"] for d in recorded if d["event"] == "suppressed"] == [1, 11, 21]
+
+
+async def test_a_record_stays_short_and_plain_whatever_the_request_holds(decisions):
+    # Non-ASCII, quotes and backslashes would grow when escaped (by us, then by Docker's log).
+    method = "\u00ff\"\\" * 300
+    await _with_proxy({"h:80"}, [f"{method} http://h:{'9' * 400}/ HTTP/1.1\r\n\r\n".encode()])
+    (record,) = decisions()
+    line = json.dumps(record)
+    assert record["event"] == "refused" and len(line) < 700 and line.isascii() and "\\" not in line

@@ -108,9 +108,25 @@ def read_yaml(path: Path, *, shown: str | None = None) -> LocatedYaml:
     return parse_yaml(text, shown=name)
 
 
+#: The largest YAML file read: suites and bundles are hand-written; a bigger one is a mistake.
+MAX_YAML_BYTES = 4 * 1024 * 1024
+
+
 def parse_yaml(text: str, *, shown: str) -> LocatedYaml:
-    """Like :func:`read_yaml`, for text already read."""
+    """Like :func:`read_yaml`, for text already read.
+
+    Aliases (``*name``) are refused: each one repeats a whole subtree, so a few hundred bytes
+    of nested aliases expand to billions of nodes (a "billion laughs" file).
+    """
+    if len(text) > MAX_YAML_BYTES:
+        raise YamlFileError(shown, None, None, f"larger than {MAX_YAML_BYTES // 1024 // 1024} MiB")
     try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                mark = event.start_mark
+                line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
+                raise YamlFileError(shown, line, column,
+                                    f"YAML aliases (*{event.anchor}) are not supported; write the value out")
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -2,10 +2,10 @@
 a digest, so two bundles with the same digest are the same world.
 
 - the agent image and each service image: by image id (``sha256:...``), never by tag;
-- the seed folder and the overlay files: by :func:`tree_digest` (paths, types, exec bits and
-  contents; not mtimes, owners or where the folder is), so a copy elsewhere has the same digest;
-- tools, network policy, limits, capabilities, episode policy, assertions and the tape
-  reference: verbatim (as validated, so key order and YAML spelling do not count).
+- the seed folder and the overlay files: by :func:`tree_digest` (paths, types, permission bits
+  and contents; not mtimes, owners or where the folder is), so a copy elsewhere has the same digest;
+- tools (in name order, as the shim lists them), network policy, limits, capabilities, episode
+  policy, assertions and the tape reference: verbatim (as validated, so key order and YAML spelling do not count).
 
 The bundle's name, description and ``demo`` actions are not part of the world, so not of the
 digest. Functions here take a *resolver* (image name -> id, or None if missing) so they are pure;
@@ -64,14 +64,16 @@ def digest_of(value: Any) -> str:
 
 
 def tree_digest(root: Path) -> str:
-    """The digest of a folder's tree: each entry's relative path, type, exec bit and content
-    (a file's sha256, a symlink's target text), sorted by path. Symlinks are not followed.
+    """The digest of a folder's tree: each entry's relative path, type, permission bits and
+    content (a file's sha256, a symlink's target text), sorted by path. Symlinks are not
+    followed. Permission bits count because the seed keeps them in the world (a file the agent
+    cannot read is another world than one it can).
 
     Raises:
         BundleError: the tree holds something else than files, folders and symlinks (a FIFO,
             a socket, a device), or cannot be read.
     """
-    entries: list[tuple[str, str, bool, str | None]] = []
+    entries: list[tuple[str, str, int, str | None]] = []
     try:
         for folder, dirs, files in os.walk(root):
             dirs.sort()
@@ -80,11 +82,11 @@ def tree_digest(root: Path) -> str:
                 relative = path.relative_to(root).as_posix()
                 info = path.lstat()
                 if stat.S_ISLNK(info.st_mode):
-                    entries.append((relative, "symlink", False, os.readlink(path)))
+                    entries.append((relative, "symlink", 0, os.readlink(path)))
                 elif stat.S_ISDIR(info.st_mode):
-                    entries.append((relative, "dir", False, None))
+                    entries.append((relative, "dir", stat.S_IMODE(info.st_mode), None))
                 elif stat.S_ISREG(info.st_mode):
-                    entries.append((relative, "file", bool(info.st_mode & 0o111), _file_sha256(path)))
+                    entries.append((relative, "file", stat.S_IMODE(info.st_mode), _file_sha256(path)))
                 else:
                     raise BundleError(f"{path}: only files, folders and symlinks can be part of a bundle")
     except OSError as err:
@@ -117,7 +119,8 @@ def canonical_manifest(bundle: Bundle, resolve: Resolver) -> dict[str, Any]:
         "seed": tree_digest(bundle.seed_root) if bundle.seed_root is not None else None,
         "overlay": {
             "files": tree_digest(world.tools.files_root) if world.tools.files_root is not None else None,
-            "tools": [tool.model_dump(mode="json") for tool in world.tools.tools],
+            # By name: the shim lists tools by name, so their order in bundle.yaml is not the world.
+            "tools": [tool.model_dump(mode="json") for tool in sorted(world.tools.tools, key=lambda t: t.name)],
         },
         "services": [
             {**service.model_dump(mode="json", exclude={"image"}), "image": ids[service.image]}

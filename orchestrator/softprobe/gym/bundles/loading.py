@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from softprobe.gym.bundles.bundle import Bundle, build_tag
 from softprobe.gym.bundles.compose import BuildSpec, parse_compose
 from softprobe.gym.bundles.model import MANIFEST_NAME, BundleLimits, BundleManifest
-from softprobe.gym.errors import BundleError
+from softprobe.gym.errors import BundleError, ConfigurationError
+from softprobe.gym.providers.archive import build_overlay_archive
 from softprobe.gym.settings import Capabilities
 from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, World
 from softprobe.gym.yamllines import Loc, LocatedYaml, YamlFileError, read_yaml
@@ -77,6 +78,12 @@ class _Checker:
         manifest, doc = self.manifest, self.doc
         seed = self.folder(("seed",), manifest.seed)
         overlay_files = self.folder(("overlay", "files"), manifest.overlay.files)
+        if overlay_files is not None:
+            try:  # what every start would refuse (a link leading out), refused now
+                build_overlay_archive(overlay_files)
+            except ConfigurationError as err:
+                self.problems.append(self.doc.problem(("overlay", "files"), str(err)))
+                overlay_files = None
         if manifest.tape is not None and manifest.tape_is_path:
             self.inside(("tape",), manifest.tape)
         services, builds = self.services()

@@ -98,8 +98,9 @@ def create_host_environment(
             a workspace (default 2 GiB). Enforced while the copy streams; what would exceed it
             is not copied and is listed in ``skipped_paths``. ``None``: no limit.
         checkpoint_budget_bytes: the most filesystem changes (apparent size, as Docker's
-            ``SizeRw`` counts them) a ``checkpoint`` commits (default 2 GiB); over it,
-            ``CheckpointTooLargeError`` and nothing is committed. ``None``: no limit.
+            ``SizeRw`` counts them) a ``checkpoint`` commits (default 2 GiB), a world's
+            services included; over it, ``CheckpointTooLargeError`` and nothing is committed.
+            ``None``: no limit.
         tools: tools added to every episode without an image build (:class:`ToolSpec` or dicts
             of its fields: ``name``, ``description``, ``args`` as JSON Schema, ``command``,
             ``output``, ``timeout_s``); the shim serves them like image-declared tools.

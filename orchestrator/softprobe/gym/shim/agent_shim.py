@@ -1563,7 +1563,7 @@ class Shim:
         if spec.get("output", "text") == "json" and not output.truncated:
             try:
                 return json.loads(text, parse_constant=_refuse_constant), diagnostics
-            except ValueError as err:
+            except (ValueError, RecursionError) as err:  # RecursionError: JSON nested beyond the parser
                 message = "%s printed invalid JSON (NaN and Infinity are not JSON)" % name
                 raise ToolError("tool_failed", message, diagnostics) from err
         return text, diagnostics

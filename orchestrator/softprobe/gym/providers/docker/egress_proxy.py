@@ -26,7 +26,8 @@ HEAD_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
 PORT = 3128
 #: Decisions recorded one by one; after these only their number is (a line per SUPPRESSED_EVERY),
-#: so a flood can neither push the first decisions out of the bounded log nor fill it.
+#: so a flood can neither push the first decisions out of the bounded log nor fill it: a record
+#: is at most ~700 bytes in Docker's log, so these take ~3.5 MB of its 16 MB.
 MAX_LOGGED = 5000
 SUPPRESSED_EVERY = 1000
 _counts = {"logged": 0, "suppressed": 0}
@@ -40,12 +41,19 @@ def log(event: str, destination: str, method: str, detail: str = "", address: st
             emit({"event": "suppressed", "count": _counts["suppressed"]})
         return
     _counts["logged"] += event != "listening"
-    record = {"event": event, "destination": destination[:300], "method": method[:16]}
+    record = {"event": event, "destination": _plain(destination, 256), "method": _plain(method, 16)}
     if detail:
-        record["detail"] = detail[:200]
+        record["detail"] = _plain(detail, 200)
     if address:
-        record["address"] = address
+        record["address"] = _plain(address, 64)
     emit(record)
+
+
+def _plain(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` printable ASCII characters, nothing JSON must escape: so a
+    record's size in the log (escaped twice: by us, then by Docker's log driver) is bounded by
+    its length, and MAX_LOGGED records stay far below the log's size cap."""
+    return "".join(c if " " <= c <= "~" and c not in '"\\' else "?" for c in text[:limit])
 
 
 def emit(record: Mapping[str, object]) -> None:

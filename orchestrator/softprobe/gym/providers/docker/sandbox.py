@@ -135,11 +135,17 @@ class DockerSandbox(Sandbox):
         """Refuse a commit whose layer would exceed ``max_bytes``. Docker's ``SizeRw`` is the
         apparent size of the container's changes: what ``docker commit`` copies into the layer."""
         api = self._engine.api
-        listed = control_plane(api.containers)(all=True, filters={"id": self.sandbox_id}, size=True)
-        size = int((listed[0].get("SizeRw") if listed else 0) or 0)
+        # A world's services are committed with the agent, so their changes count too (an agent
+        # may well make a service write without bound).
+        ids = [self.sandbox_id, *(self.world.services.values() if self.world is not None else ())]
+        size = 0
+        for container_id in ids:
+            listed = control_plane(api.containers)(all=True, filters={"id": container_id}, size=True)
+            size += int((listed[0].get("SizeRw") if listed else 0) or 0)
         if size > max_bytes:
+            what = "the world's containers'" if len(ids) > 1 else "the container's"
             raise CheckpointTooLargeError(
-                f"the container's filesystem changes are {size} bytes, over the checkpoint budget "
+                f"{what} filesystem changes are {size} bytes, over the checkpoint budget "
                 f"of {max_bytes} bytes (checkpoint_budget_bytes); nothing was committed. Delete "
                 "large files first (sparse files count at their full length), or raise the budget.",
                 size_bytes=size,
