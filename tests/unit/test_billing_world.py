@@ -28,7 +28,7 @@ from softprobe.gym import create_host_environment
 from softprobe.gym.evals.suite import Task
 from softprobe.gym.providers.docker.images import SPECS
 from softprobe.gym.providers.local import LocalProvider
-from softprobe.gym.worlds import OVERLAY_PLACEHOLDER, HealthCheck, NetworkPolicy, ServiceSpec, ToolSpec, World
+from softprobe.gym.worlds import OVERLAY_PLACEHOLDER, HealthCheck, NetworkPolicy, ServiceSpec, ToolDefinition, World
 
 SERVICE_DIR = REPO / "images" / "billing-service"
 WORLD_DIR = REPO / "images" / "support-desk-billing"
@@ -378,7 +378,7 @@ def _world_of_bundle() -> World:
         entry["healthcheck"] = HealthCheck(**entry["healthcheck"])
         services.append(ServiceSpec(**entry))
     return World(
-        tools={"tools": [ToolSpec(**t) for t in data["overlay"]["tools"]], "files_root": WORLD_DIR / data["overlay"]["files"]},
+        tools={"tools": [ToolDefinition(**t) for t in data["overlay"]["tools"]], "files_root": WORLD_DIR / data["overlay"]["files"]},
         services=tuple(services),
         network=NetworkPolicy(**data["network"]),
     )

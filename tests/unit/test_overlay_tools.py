@@ -24,7 +24,7 @@ from softprobe.gym.settings import ContainerSettings
 from softprobe.gym.shim import agent_shim as shim
 from softprobe.gym.shim.client import ShimRefusedError
 from softprobe.gym.shim.runtime import Runtime
-from softprobe.gym.worlds import ToolOverlay, ToolSpec, World
+from softprobe.gym.worlds import ToolDefinition, ToolOverlay, World
 
 ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
 
@@ -198,7 +198,7 @@ def _spec(tmp_path: Path, world: World) -> SandboxSpec:
 
 
 async def test_a_second_overlay_is_refused(tmp_path, local_provider):
-    world = World(tools=ToolOverlay(tools=(ToolSpec(name="a.one", command=["true"]),)))
+    world = World(tools=ToolOverlay(tools=(ToolDefinition(name="a.one", command=["true"]),)))
     runtime = await Runtime.start(local_provider, _spec(tmp_path, world))
     try:
         assert "a.one" in {t.name for t in runtime.hello.tools}

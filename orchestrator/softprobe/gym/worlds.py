@@ -26,7 +26,7 @@ _SERVICE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 _HOST_PORT = re.compile(r"^(?P<host>[A-Za-z0-9.-]{1,253}|\*):(?P<port>[0-9]{1,5})$")
 
 
-class ToolSpec(BaseModel):
+class ToolDefinition(BaseModel):
     """One tool added to an episode: read by the shim exactly like an image-declared tool.
 
     The tool runs ``command`` (under the episode's tool uid, in ``/``) with its JSON arguments on
@@ -76,7 +76,7 @@ class ToolOverlay(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tools: tuple[ToolSpec, ...] = ()
+    tools: tuple[ToolDefinition, ...] = ()
     files_root: Path | None = None
 
     @model_validator(mode="after")
@@ -253,4 +253,4 @@ def _check_acyclic(services: tuple[ServiceSpec, ...]) -> None:
 
 
 __all__ = ["BUILTIN_TOOLS", "OVERLAY_PLACEHOLDER", "EgressDecision", "EgressReport", "HealthCheck", "NetworkPolicy",
-           "ServiceSpec", "ToolOverlay", "ToolSpec", "World"]
+           "ServiceSpec", "ToolOverlay", "ToolDefinition", "World"]

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 
 from softprobe.gym.actions import Action
 from softprobe.gym.settings import Capabilities, parse_size
-from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolSpec
+from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolDefinition
 
 #: The schema this version of the library reads.
 SCHEMA = "softprobe.environment-bundle/v1"
@@ -33,7 +33,7 @@ class OverlaySection(BaseModel):
 
     #: A folder of the bundle, copied into the sandbox at ``${SOFTPROBE_OVERLAY}``.
     files: StrictStr | None = None
-    tools: tuple[ToolSpec, ...] = ()
+    tools: tuple[ToolDefinition, ...] = ()
 
 
 class BundleLimits(BaseModel):

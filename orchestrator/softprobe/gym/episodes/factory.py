@@ -19,9 +19,9 @@ from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.settings import Capabilities, ContainerSettings
-from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, ToolSpec, World
+from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolDefinition, ToolOverlay, World
 
-ModelT = TypeVar("ModelT", ToolSpec, ServiceSpec, NetworkPolicy)
+ModelT = TypeVar("ModelT", ToolDefinition, ServiceSpec, NetworkPolicy)
 
 if TYPE_CHECKING:  # bundles import providers lazily; the factory only needs them when given one
     from softprobe.gym.bundles import Bundle, ResolvedBundle
@@ -49,7 +49,7 @@ def create_host_environment(
     workspace_tracking: str = "inotify",
     artifact_budget_bytes: int | None = DEFAULT_ARTIFACT_BUDGET_BYTES,
     checkpoint_budget_bytes: int | None = DEFAULT_CHECKPOINT_BUDGET_BYTES,
-    tools: Sequence[ToolSpec | dict[str, Any]] = (),
+    tools: Sequence[ToolDefinition | dict[str, Any]] = (),
     tool_files: str | Path | None = None,
     services: Sequence[ServiceSpec | dict[str, Any]] = (),
     network: NetworkPolicy | dict[str, Any] | str | None = None,
@@ -101,7 +101,7 @@ def create_host_environment(
             ``SizeRw`` counts them) a ``checkpoint`` commits (default 2 GiB), a world's
             services included; over it, ``CheckpointTooLargeError`` and nothing is committed.
             ``None``: no limit.
-        tools: tools added to every episode without an image build (:class:`ToolSpec` or dicts
+        tools: tools added to every episode without an image build (:class:`ToolDefinition` or dicts
             of its fields: ``name``, ``description``, ``args`` as JSON Schema, ``command``,
             ``output``, ``timeout_s``); the shim serves them like image-declared tools.
         tool_files: a folder copied (read-only to the agent) into the sandbox's overlay folder
@@ -183,7 +183,7 @@ def _bundle_options(
 
 def world_of(
     *,
-    tools: Sequence[ToolSpec | dict[str, Any]] = (),
+    tools: Sequence[ToolDefinition | dict[str, Any]] = (),
     tool_files: str | Path | None = None,
     services: Sequence[ServiceSpec | dict[str, Any]] = (),
     network: NetworkPolicy | dict[str, Any] | str | None = None,
@@ -211,7 +211,7 @@ def world_of(
         name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
         return f"{kind}[{index}]" + (f" ({name!r})" if isinstance(name, str) else "")
 
-    tool_specs = [checked(ToolSpec, t, named("tools", i, t)) for i, t in enumerate(tools)]
+    tool_specs = [checked(ToolDefinition, t, named("tools", i, t)) for i, t in enumerate(tools)]
     service_specs = [checked(ServiceSpec, s, named("services", i, s)) for i, s in enumerate(services)]
     policy = checked(NetworkPolicy, network, "network")
     if policy is not None and not problems:

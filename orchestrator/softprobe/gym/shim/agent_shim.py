@@ -1678,7 +1678,7 @@ class Shim:
 
 
 def _overlay_entry(name: object, spec: object) -> dict[str, Any]:
-    """A copy of an overlay tool's manifest entry, checked as strictly as the host's ToolSpec:
+    """A copy of an overlay tool's manifest entry, checked as strictly as the host's ToolDefinition:
     the shim serves it like an image-declared tool, so it must be one the manifest accepts."""
     if not isinstance(name, str) or not name or len(name) > 64 or not name[0].isalpha() or not all(
         c.isascii() and (c.isalnum() or c in "_.-") for c in name
