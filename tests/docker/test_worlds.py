@@ -16,8 +16,9 @@ import docker
 import pytest
 from helpers import ALL_CAPS, BASE, NullSubject, ready, tool
 
-from softprobe.gym import ConfigurationError, create_host_environment
+from softprobe.gym import ConfigurationError, SandboxStartError, create_host_environment
 from softprobe.gym import labels as L
+from softprobe.gym.providers.docker.images import BILLING_SERVICE_IMAGE
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.providers.local.provider import LocalProvider
 
@@ -229,9 +230,7 @@ async def test_egress_allow_list_is_the_only_way_out(tmp_path, client, outside, 
             refused = json.loads(await out(host, episode, fetch("http://forbidden-site:8080/hostname")))
             assert refused["status"] == 403 and "not on the allow-list" in refused["body"]
             # Around the proxy: no route to either server, not even the allowed one.
-            ip = servers[0].attrs["NetworkSettings"]["Networks"]
             server_ip = client.containers.get(servers[0].id).attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
-            assert ip is not None
             assert (await out(host, episode, connect(server_ip, 8080))).startswith("failed")
             # A wildcard does not reach this machine, however the address is spelled.
             for spelled in ("172.17.0.1", "2886795265"):
@@ -271,3 +270,48 @@ async def test_warm_pool_worlds_are_fresh_and_removed(tmp_path, client, docker_e
             await host.destroy(episode_id=episode, cleanup=True)
             await host.pool.wait_ready()
     assert world_objects(client, host) == ([], [])
+
+
+async def test_a_world_that_fails_to_start_says_why_and_leaves_nothing(tmp_path, client, docker_engine):
+    dying = {"name": "dying", "image": BASE, "command": ["sh", "-c", "echo out of cheese >&2; exit 3"],
+             "healthcheck": {"test": HEALTH, "interval_s": 0.1}}
+    missing = {"name": "missing", "image": "softprobe/no-such-image:never"}
+    for service, expected in ((dying, r"(?s)exited with code 3.*Its last output:\nout of cheese"), (missing, "not on this Docker engine")):
+        async with create_host_environment(run_root=tmp_path / service["name"], image=BASE,
+                                           services=[COUNTER_SERVICE, service]) as host:
+            await host.create_episode(episode_id="e")
+            with pytest.raises(SandboxStartError, match=expected):
+                await host.reset(episode_id="e")
+            assert world_objects(client, host) == ([], [])  # while the host lives on
+
+
+async def test_readiness_follows_what_docker_runs_for_health(tmp_path, client, docker_engine):
+    # The billing image declares a HEALTHCHECK: a spec without one still waits for it;
+    # ["NONE"] turns it off, and the service counts as ready once it runs.
+    image_declared = {"name": "billing", "image": BILLING_SERVICE_IMAGE,
+                      "command": ["python3", "-I", "/opt/billing/service.py"]}
+    switched_off = {"name": "quiet", "image": BILLING_SERVICE_IMAGE, "healthcheck": {"test": ["NONE"]},
+                    "command": ["python3", "-I", "/opt/billing/service.py"]}
+    async with create_host_environment(run_root=tmp_path, image=BASE, services=[image_declared, switched_off]) as host:
+        await ready(host, "e")
+        states = {c.labels["softprobe.gym.world-role"]: c.attrs["State"] for c in world_objects(client, host)[0]
+                  if c.labels.get("softprobe.gym.world-role", "").startswith("service:")}
+        assert states["service:billing"]["Health"]["Status"] == "healthy"
+        assert "Health" not in states["service:quiet"] and states["service:quiet"]["Running"]
+
+
+async def test_service_snapshots_flatten_like_the_agents(tmp_path, client, docker_engine):
+    provider = DockerProvider(flatten_at_layers=2)  # every snapshot flattened
+    try:
+        async with create_host_environment(run_root=tmp_path, image=BASE, provider=provider, services=[COUNTER_SERVICE],
+                                           capabilities=ALL_CAPS, subject=NullSubject()) as host:
+            parent = await ready(host, "parent")
+            await out(host, parent, fetch("http://counter:8000/", "POST"))
+            ckpt = await host.checkpoint(episode_id=parent)
+            snapshot = json.loads(client.images.get(ckpt.image_id).labels["softprobe.gym.world-services"])["counter"]
+            assert len(client.images.get(snapshot).attrs["RootFS"]["Layers"]) == 1
+            child = await host.fork(episode_id=parent, path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)
+            assert json.loads(await out(host, child.episode_id, fetch("http://counter:8000/")))["body"] == "1"
+        assert world_objects(client, host) == ([], [])
+    finally:
+        await provider.close()

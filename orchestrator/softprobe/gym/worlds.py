@@ -99,7 +99,9 @@ class HealthCheck(BaseModel):
     """How to tell a service is ready: ``test`` run inside its container (Docker's healthcheck).
 
     ``test`` is an argv (``["CMD", ...]`` or ``["CMD-SHELL", "..."]`` as in Compose, or a plain
-    argv, taken as ``CMD``).
+    argv, taken as ``CMD``); ``["NONE"]`` turns off a healthcheck the image declares. A service
+    is ready once Docker reports it healthy, or, when Docker runs no healthcheck for it (none
+    here nor in its image), once it runs.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -111,7 +113,7 @@ class HealthCheck(BaseModel):
     start_period_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
 
     def docker_test(self) -> list[str]:
-        """``test`` in the form Docker's API takes."""
+        """``test`` in the form Docker's API takes (``["NONE"]`` turns off the image's own)."""
         return self.test if self.test[0] in ("CMD", "CMD-SHELL", "NONE") else ["CMD", *self.test]
 
 

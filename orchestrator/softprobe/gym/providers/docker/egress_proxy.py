@@ -3,7 +3,8 @@
 Runs inside its own container (stdlib only, started as ``python3 -I -c <this file>``), attached
 to the episode's private network and to the provider's egress network. It forwards plain HTTP
 requests (absolute-form, one request per connection) and ``CONNECT`` tunnels to the
-``host:port`` pairs given with ``--allow``, and refuses everything else with ``403``. Every
+``host:port`` pairs given as its arguments (``*:port``: any public address), and refuses
+everything else with ``403``. Every
 decision is one JSON line on stdout, which the host reads back as the episode's egress report.
 """
 

@@ -156,7 +156,7 @@ class DockerProvider(Provider):
             self.worlds.start_services, spec.world, world.network, spec.labels, spec.settings, info.services,
             deadline, stop))
         proxy = asyncio.ensure_future(self.engine.run(
-            self.worlds.start_proxy, spec.world, info.proxy_image, world.network, spec.labels, spec.settings
+            self.worlds.start_proxy, spec.world, info.proxy_image, world.network, spec.labels, deadline, stop
         )) if egress else None
         agent: asyncio.Future[Sandbox] = asyncio.ensure_future(self._start_agent(spec, world))
         parts: list[asyncio.Future[Any]] = [f for f in (services, proxy, agent) if f is not None]
@@ -170,10 +170,7 @@ class DockerProvider(Provider):
             raise
         world.services.update(services.result())
         world.proxy = proxy.result() if proxy is not None else None
-        sandbox = agent.result()
-        assert isinstance(sandbox, DockerSandbox)
-        sandbox.world = world
-        return sandbox
+        return agent.result()  # a DockerSandbox made with ``world``, now complete
 
     async def _abandon(self, world: WorldContainers, parts: list[asyncio.Future[Any]]) -> None:
         """Remove what the parts of a failed world start made, once each has finished."""
@@ -183,7 +180,8 @@ class DockerProvider(Provider):
                 continue
             done = part.result()
             if isinstance(done, DockerSandbox):
-                await done.remove()  # its world is removed below, once every member is known
+                done.world = None  # removed below, once every member is known
+                await done.remove()
             elif isinstance(done, dict):
                 world.services.update(done)
             elif isinstance(done, str):
@@ -435,7 +433,7 @@ class DockerProvider(Provider):
     def _remove_image(self, image_id: str) -> bool:
         try:
             labels = (self._inspect_image(image_id).get("Config") or {}).get("Labels") or {}
-        except ImageNotFoundError:
+        except docker.errors.ImageNotFound:
             return True
         if not self._remove_one_image(image_id):
             return False

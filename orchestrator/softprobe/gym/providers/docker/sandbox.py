@@ -19,6 +19,7 @@ from softprobe.gym.providers.archive import safe_extract
 from softprobe.gym.providers.base import Sandbox
 from softprobe.gym.providers.docker.engine import DockerEngine
 from softprobe.gym.providers.docker.retry import control_plane
+from softprobe.gym.providers.docker.snapshots import snapshot_container
 from softprobe.gym.providers.docker.uids import EpisodeIds
 from softprobe.gym.providers.docker.world import WORLD_PROXY_IMAGE, WORLD_SERVICES, WorldBuilder, WorldContainers
 from softprobe.gym.results import SkippedMember
@@ -112,7 +113,7 @@ class DockerSandbox(Sandbox):
             self._check_size(max_bytes)
         if self.world is None or not (self.world.services or self.world.proxy_image) or self._builder is None:
             return self._commit_agent(labels, flatten_at_layers)
-        services = self._builder.commit_services(self.world, labels)
+        services = self._builder.commit_services(self.world, labels, flatten_at_layers)
         try:
             world_labels = {WORLD_SERVICES: json.dumps(services, sort_keys=True)}
             if self.world.proxy_image:
@@ -123,13 +124,9 @@ class DockerSandbox(Sandbox):
             raise
 
     def _commit_agent(self, labels: dict[str, str], flatten_at_layers: int) -> str:
-        api = self._engine.api
-        image = control_plane(api.inspect_image)(self.image_id)
-        if len(image["RootFS"]["Layers"]) + 1 >= flatten_at_layers:
-            return self._flatten(image["Config"] or {}, labels)
         # No pause: commit only happens between steps, when no tool process is alive to write.
-        response = control_plane(api.commit)(self.sandbox_id, conf={"Labels": labels}, pause=False)
-        return str(response["Id"])
+        return snapshot_container(self._engine.api, self.sandbox_id, self.image_id, labels,
+                                  flatten_at_layers=flatten_at_layers, user=self._user, pause=False)
 
     def _check_size(self, max_bytes: int) -> None:
         """Refuse a commit whose layer would exceed ``max_bytes``. Docker's ``SizeRw`` is the
@@ -152,19 +149,6 @@ class DockerSandbox(Sandbox):
                 budget_bytes=max_bytes,
             )
 
-    def _flatten(self, config: dict[str, Any], labels: dict[str, str]) -> str:
-        """Snapshot as a one-layer image: export the container's filesystem, import it with the
-        image's configuration. Slower than a commit, so only used when a commit chain gets deep."""
-        api = self._engine.api
-        changes = _config_changes(config, labels, self._user)
-        exported = api.export(self.sandbox_id)
-        response = api.import_image_from_stream(exported, changes=changes)
-        status = _last_json_line(response)
-        image_id: str = status.get("status", "")
-        if not image_id.startswith("sha256:"):
-            raise SandboxError(f"flattening the checkpoint failed: {status}")
-        return image_id
-
     async def remove(self) -> None:
         if self._removed:
             return
@@ -172,10 +156,12 @@ class DockerSandbox(Sandbox):
         self.channel.close()
         try:
             await asyncio.shield(self._engine.run(self._engine.remove_container, self.sandbox_id))
-            if self.world is not None and self._builder is not None:
-                await asyncio.shield(self._engine.run(self._builder.remove, self.world))
         finally:
-            self._release(self.ids)
+            try:
+                if self.world is not None and self._builder is not None:
+                    await asyncio.shield(self._engine.run(self._builder.remove, self.world))
+            finally:
+                self._release(self.ids)
 
 
 class _ChunkReader(io.RawIOBase):
@@ -198,36 +184,6 @@ class _ChunkReader(io.RawIOBase):
         buffer[:count] = self._chunk[:count]
         self._chunk = self._chunk[count:]
         return count
-
-
-def _config_changes(config: dict[str, Any], labels: dict[str, str], user: str | None) -> list[str]:
-    """Dockerfile instructions that give an imported image the configuration of ``config``."""
-
-    def quote(value: str) -> str:
-        return json.dumps(value).replace("$", "\\$")
-
-    changes = []
-    for entry in config.get("Env") or []:
-        key, _, value = entry.partition("=")
-        changes.append(f"ENV {key}={quote(value)}")
-    if config.get("WorkingDir"):
-        changes.append(f"WORKDIR {config['WorkingDir']}")
-    if user or config.get("User"):
-        changes.append(f"USER {user or config['User']}")
-    if config.get("Cmd"):
-        changes.append(f"CMD {json.dumps(config['Cmd'])}")
-    merged = dict(config.get("Labels") or {}, **labels)
-    changes.extend(f"LABEL {quote(key)}={quote(value)}" for key, value in merged.items())
-    return changes
-
-
-def _last_json_line(response: Any) -> dict[str, Any]:
-    text = response if isinstance(response, str) else bytes(response).decode("utf-8", "replace")
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    try:
-        return dict(json.loads(lines[-1])) if lines else {}
-    except ValueError:
-        return {"status": text[-300:]}
 
 
 __all__ = ["DockerSandbox"]

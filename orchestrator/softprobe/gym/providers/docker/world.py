@@ -13,6 +13,7 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from softprobe.gym import labels as L
 from softprobe.gym.errors import ConfigurationError, SandboxError, SandboxStartError
 from softprobe.gym.providers.docker.engine import DockerEngine
 from softprobe.gym.providers.docker.retry import control_plane
+from softprobe.gym.providers.docker.snapshots import snapshot_container
 from softprobe.gym.settings import ContainerSettings
 from softprobe.gym.worlds import ServiceSpec, World
 
@@ -109,7 +111,7 @@ class WorldBuilder:
                 options={"com.docker.network.bridge.inhibit_ipv4": "true"},
             )
         except docker.errors.APIError as err:
-            if "address pool" in str(err) or "available" in str(err.explanation or ""):
+            if "could not find an available, non-overlapping" in str(err.explanation or err):
                 raise SandboxStartError(
                     "Docker has no free address pool for another network (each episode with services uses "
                     "one; the default pools allow about 30). Lower concurrency, or give dockerd more with "
@@ -160,7 +162,9 @@ class WorldBuilder:
         host_config = api.create_host_config(
             network_mode=network, dns=NO_UPSTREAM_DNS, init=False, mem_limit=settings.memory,
             memswap_limit=settings.memory, pids_limit=settings.pids_limit, nano_cpus=int(settings.cpus * 1e9),
-            security_opt=["no-new-privileges:true"], log_config={"type": "none", "config": {}},
+            security_opt=["no-new-privileges:true"],
+            # Kept (bounded) for the error message of a service that fails to start.
+            log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
             # A service keeps what its image may need (a database changes owners, binds ports),
             # but not raw sockets: the agent may take a service over, and must still not forge
             # packets on the episode's network.
@@ -189,7 +193,8 @@ class WorldBuilder:
         return container_id
 
     def _wait_healthy(self, service: ServiceSpec, container_id: str, deadline: float, stop: threading.Event) -> None:
-        """Return once the service is healthy (or running, without a healthcheck)."""
+        """Return once the service is healthy, or running when Docker runs no healthcheck for it
+        (none declared, in the spec or its image, or ``["NONE"]``)."""
         delay = 0.01
         while True:
             if stop.is_set():
@@ -199,24 +204,36 @@ class WorldBuilder:
             if not state.get("Running"):
                 raise SandboxStartError(
                     f"service {service.name!r} exited with code {state.get('ExitCode')} before it was ready"
-                    f"{_last_probe(state)}; check its image and command"
+                    f"{_last_probe(state)}; check its image and command{self._last_output(container_id)}"
                 )
-            if service.healthcheck is None or health == "healthy":
+            # What Docker reports decides: a healthcheck the image declares is waited for too.
+            if health is None or health == "healthy":
                 return
             if health == "unhealthy":
-                raise SandboxStartError(f"service {service.name!r} is unhealthy{_last_probe(state)}")
+                raise SandboxStartError(
+                    f"service {service.name!r} is unhealthy{_last_probe(state)}{self._last_output(container_id)}")
             if time.monotonic() > deadline:
                 raise SandboxStartError(
-                    f"service {service.name!r} was not healthy in time{_last_probe(state)}; raise its "
-                    "healthcheck retries or check that it starts"
+                    f"service {service.name!r} was not healthy within the start timeout (DockerProvider("
+                    f"service_start_timeout_s=...)){_last_probe(state)}; check that it starts, or raise the "
+                    f"timeout{self._last_output(container_id)}"
                 )
             # Docker has no event for "became healthy" that a blocking call could wait on
             # without a second stream per service; a short, growing poll is cheap here.
             stop.wait(delay)
             delay = min(delay * 2, 0.1)
 
+    def _last_output(self, container_id: str, lines: int = 10) -> str:
+        """The service's last lines of output, for an error message ("" when there are none)."""
+        try:
+            raw = control_plane(self.engine.api.logs)(container_id, stdout=True, stderr=True, tail=lines)
+        except docker.errors.APIError:
+            return ""
+        text = bytes(raw).decode("utf-8", "replace").strip()
+        return f". Its last output:\n{text[-2000:]}" if text else ""
+
     def start_proxy(
-        self, world: World, image: str, network: str, labels: dict[str, str], settings: ContainerSettings,
+        self, world: World, image: str, network: str, labels: dict[str, str], deadline: float, stop: threading.Event,
     ) -> str:
         """The egress proxy for ``world``'s allow-list, on ``network`` and the egress network."""
         api = self.engine.api
@@ -237,36 +254,45 @@ class WorldBuilder:
         try:
             control_plane(api.connect_container_to_network)(container_id, self.egress_network)
             control_plane(api.start)(container_id)
-            self._wait_listening(container_id)
+            self._wait_listening(container_id, deadline, stop)
         except BaseException:
             self.engine.remove_container(container_id)
             raise
         return container_id
 
-    def _wait_listening(self, container_id: str) -> None:
-        """Return once the proxy printed its first line (it listens from then on)."""
-        for line in self.engine.api.logs(container_id, stream=True, follow=True, stdout=True, stderr=True):
-            if b'"listening"' in line:
+    def _wait_listening(self, container_id: str, deadline: float, stop: threading.Event) -> None:
+        """Return once the proxy's first record (``listening``) is in its log."""
+        delay = 0.005
+        while True:
+            if stop.is_set():
+                raise SandboxStartError("the start of the egress proxy was abandoned")
+            out = bytes(control_plane(self.engine.api.logs)(container_id, stdout=True, stderr=False))
+            if b'"listening"' in out:
                 return
-            raise SandboxStartError(f"the egress proxy did not start: {line[:300]!r}")
-        raise SandboxStartError("the egress proxy exited before it listened")
+            state = self.engine.container_state(container_id)
+            if not state.get("Running") or time.monotonic() > deadline:
+                why = "exited" if not state.get("Running") else "did not listen in time"
+                raise SandboxStartError(f"the egress proxy {why}{self._last_output(container_id)}")
+            stop.wait(delay)
+            delay = min(delay * 2, 0.1)
 
     # -- snapshot, report, removal -------------------------------------------------------------
 
-    def commit_services(self, world: WorldContainers, labels: dict[str, str]) -> dict[str, str]:
-        """Commit each service container as an image carrying ``labels``; ``{name: image id}``."""
+    def commit_services(self, world: WorldContainers, labels: dict[str, str], flatten_at_layers: int) -> dict[str, str]:
+        """Snapshot each service container as an image carrying ``labels``; ``{name: image id}``."""
         committed: dict[str, str] = {}
         try:
             for name, container_id in world.services.items():
+                image_id = control_plane(self.engine.api.inspect_container)(container_id)["Image"]
                 # Paused: a service keeps running between steps, and its files must be consistent.
-                response = control_plane(self.engine.api.commit)(container_id, conf={"Labels": labels}, pause=True)
-                committed[name] = str(response["Id"])
+                committed[name] = snapshot_container(self.engine.api, container_id, image_id, labels,
+                                                     flatten_at_layers=flatten_at_layers, user=None, pause=True)
         except BaseException:
             self.remove_images(committed.values())
             raise
         return committed
 
-    def remove_images(self, image_ids: Any) -> None:
+    def remove_images(self, image_ids: Iterable[str]) -> None:
         for image_id in image_ids:
             try:
                 control_plane(self.engine.api.remove_image)(image_id)
