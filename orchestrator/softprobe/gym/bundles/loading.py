@@ -15,7 +15,7 @@ from softprobe.gym.errors import BundleError, ConfigurationError
 from softprobe.gym.providers.archive import build_overlay_archive
 from softprobe.gym.settings import Capabilities
 from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, World
-from softprobe.gym.yamllines import Loc, LocatedYaml, YamlFileError, read_yaml
+from softprobe.gym.yamllines import Loc, LocatedYaml, YamlFileError, error_message, read_yaml
 
 
 def load_bundle(path: str | Path) -> Bundle:
@@ -98,7 +98,7 @@ class _Checker:
                 world = World(tools=ToolOverlay(tools=manifest.overlay.tools, files_root=overlay_files),
                               services=tuple(services), network=network)
             except ValidationError as err:  # what the checks above did not foresee
-                self.problems += [doc.problem((), e["msg"].removeprefix("Value error, ")) for e in err.errors()]
+                self.problems += [doc.problem((), error_message(e["msg"])) for e in err.errors()]
         if self.problems or world is None:
             raise BundleError("invalid bundle", self.problems)
         return Bundle(root=self.root, manifest=manifest, world=world, seed_root=seed, builds=builds)
@@ -166,13 +166,13 @@ class _Checker:
         specs, builds = [], {}
         for entry in parsed:
             fields: dict[str, Any] = dict(entry.fields)
-            if entry.build is not None:
-                context = self.folder((*entry.loc, "build"), str(entry.build.context.relative_to(path.parent)),
-                                      path.parent, compose)
+            if entry.build is not None and entry.build_context is not None:
+                context = self.folder((*entry.loc, "build"), entry.build_context, path.parent, compose)
                 if context is None:
                     continue
                 builds[str(fields["name"])] = BuildSpec(context=context, dockerfile=entry.build.dockerfile)
-                fields["image"] = build_tag(manifest.name, str(fields["name"]))
+                # Compose's meaning of image + build: build, and tag the result as image.
+                fields.setdefault("image", build_tag(manifest.name, str(fields["name"])))
             try:
                 specs.append(ServiceSpec.model_validate(fields))
             except ValidationError as err:
