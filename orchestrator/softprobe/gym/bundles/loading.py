@@ -3,6 +3,7 @@ as ``FILE:LINE:COL: field: what``, all of them at once in one :class:`BundleErro
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -48,8 +49,22 @@ def load_bundle(path: str | Path) -> Bundle:
     try:
         manifest = BundleManifest.model_validate(doc.data)
     except ValidationError as err:
-        raise BundleError("invalid bundle", doc.validation_problems(err, describe=_describe)) from None
+        raise BundleError("invalid bundle", _by_line(doc.validation_problems(err, describe=_describe))) from None
     return _Checker(root, doc, manifest).bundle()
+
+
+_WHERE = re.compile(r"^(?P<file>.*?):(?P<line>\d+):(?P<col>\d+): ")
+
+
+def _by_line(problems: list[str]) -> list[str]:
+    """``problems`` in file order: bundle.yaml's first, then the Compose file's, each by (line, col)."""
+    def key(problem: str) -> tuple[int, str, int, int]:
+        found = _WHERE.match(problem)
+        if found is None:
+            return (1, "", 0, 0)
+        is_manifest = found["file"].endswith(MANIFEST_NAME)
+        return (0 if is_manifest else 1, found["file"], int(found["line"]), int(found["col"]))
+    return sorted(problems, key=key)
 
 
 def _describe(loc: Loc, error: dict[str, Any]) -> str | None:
@@ -100,7 +115,7 @@ class _Checker:
             except ValidationError as err:  # what the checks above did not foresee
                 self.problems += [doc.problem((), error_message(e["msg"])) for e in err.errors()]
         if self.problems or world is None:
-            raise BundleError("invalid bundle", self.problems)
+            raise BundleError("invalid bundle", _by_line(self.problems))
         return Bundle(root=self.root, manifest=manifest, world=world, seed_root=seed, builds=builds)
 
     # -- paths -----------------------------------------------------------------------------------
