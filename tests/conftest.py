@@ -103,6 +103,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session", autouse=True)
+def bundle_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every resolved bundle is stored (manifest and tree snapshots): in the test session's own
+    store, never the user's ~/.cache."""
+    store = tmp_path_factory.mktemp("bundle-store")
+    previous = os.environ.get("SOFTPROBE_GYM_BUNDLE_STORE")
+    os.environ["SOFTPROBE_GYM_BUNDLE_STORE"] = str(store)
+    yield store
+    if previous is None:
+        os.environ.pop("SOFTPROBE_GYM_BUNDLE_STORE", None)
+    else:
+        os.environ["SOFTPROBE_GYM_BUNDLE_STORE"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_leaks_after_suite() -> Iterator[None]:
     """After the whole suite, nothing this test process created may be left on the engine."""
     yield

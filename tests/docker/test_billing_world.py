@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docker
+import docker.errors
 import pytest
-from helpers import owned_by_process, ready, tool
+from helpers import ready, tool
 
 from softprobe.gym import create_host_environment
+from softprobe.gym import labels as L
 
 pytestmark = pytest.mark.docker
 WORLD = Path(__file__).parents[2] / "images" / "support-desk-billing"
@@ -40,7 +43,14 @@ def test_the_bundle_runs_and_its_suite_passes_with_the_digest_recorded(tmp_path)
         assert "Traceback" not in process.stderr
 
 
-async def test_reset_and_prefix_reexecution_give_fresh_services(tmp_path):
+@pytest.fixture
+def client():
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
+async def test_reset_and_prefix_reexecution_give_fresh_services(tmp_path, client):
     async with create_host_environment(run_root=tmp_path, bundle=WORLD) as host:
         episode = await ready(host, "billing")
         refund = tool("billing.refund", invoice_id="INV-1001", amount_cents=5000, reason="duplicate charge")
@@ -55,5 +65,14 @@ async def test_reset_and_prefix_reexecution_give_fresh_services(tmp_path):
         assert (await host.step(episode_id=child.episode_id, action=invoice)).observation["refundable_cents"] == 7000
         await host.reset(episode_id=episode)
         assert (await host.step(episode_id=episode, action=invoice)).observation["refundable_cents"] == 12000
-        assert ckpt.image_id
-    assert owned_by_process(os.getpid()) == ([], [])  # the service's snapshot went with the agent's
+        services = json.loads(client.images.get(ckpt.image_id).labels["softprobe.gym.world-services"])
+        assert set(services) == {"billing"}
+        client.images.get(services["billing"])  # the service's snapshot, while the checkpoint lives
+        host_id = host.host_id
+    # This host's objects only: other tests of this process may hold theirs.
+    labels = {"label": f"{L.HOST}={host_id}"}
+    assert client.containers.list(all=True, filters=labels) == [] and client.networks.list(filters=labels) == []
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get(ckpt.image_id)
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get(services["billing"])  # the service's snapshot went with the agent's

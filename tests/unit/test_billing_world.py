@@ -403,16 +403,6 @@ def test_the_bundle_fits_the_world_models_and_its_references_exist() -> None:
     assert refund["args"]["amount_cents"] <= invoice["amount_cents"]
 
 
-def test_the_compose_file_declares_the_same_service() -> None:
-    compose = yaml.safe_load((WORLD_DIR / "compose.yaml").read_text())
-    (service_spec,) = bundle()["services"]
-    composed = compose["services"][service_spec["name"]]
-    assert composed["image"] == service_spec["image"] and composed["command"] == service_spec["command"]
-    assert composed["environment"] == service_spec["environment"]
-    assert composed["healthcheck"]["test"] == service_spec["healthcheck"]["test"]
-    assert (WORLD_DIR / composed["build"]["context"] / composed["build"]["dockerfile"]).resolve() == SERVICE_DIR / "Dockerfile"
-
-
 def test_the_eval_suite_tasks_are_valid_and_use_the_bundles_tools() -> None:
     suite = yaml.safe_load((WORLD_DIR / "examples" / "suite.yaml").read_text())
     assert (WORLD_DIR / "examples" / suite["bundle"]).resolve() == WORLD_DIR

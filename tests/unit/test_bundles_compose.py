@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -111,8 +112,7 @@ def test_bad_durations(text: str) -> None:
 BAD = [
     ("networks: {}\nservices:\n  a: {image: x}\n", 1, 1, "networks", "outside the supported Compose subset"),
     ("services:\n  a:\n    image: x\n    privileged: true\n", 4, 5, "services.a.privileged", "outside the supported"),
-    ("services:\n  a:\n    image: x\n    build: .\n", 2, 3, "services.a", "image or build (one of them)"),
-    ("services:\n  a:\n    command: [x]\n", 2, 3, "services.a", "image or build"),
+    ("services:\n  a:\n    command: [x]\n", 2, 3, "services.a", "a service needs image, build, or both"),
     ("services:\n  a:\n    image: x\n    environment: [HOME]\n", 4, 19, "services.a.environment.0", "KEY=value"),
     ("services:\n  a:\n    image: x\n    environment: {HOME: }\n", 4, 19, "services.a.environment.HOME",
      "a value is needed"),
@@ -124,6 +124,14 @@ BAD = [
      6, 18, "services.b.depends_on.a", "service_healthy | service_started"),
     ("services:\n  a:\n    build: {context: ., args: {X: 1}}\n", 3, 25, "services.a.build.args", "outside the supported"),
     ("services:\n  a:\n    build: ../..\n", 3, 5, "services.a.build", "leads out of the bundle folder"),
+    ("services:\n  a:\n    build: /etc\n", 3, 5, "services.a.build", "'/etc' is absolute"),
+    ("services:\n  a:\n    build: {context: /etc}\n", 3, 13, "services.a.build.context", "'/etc' is absolute"),
+    ("services:\n  a:\n    build:\n      context: db/../..\n", 4, 7, "services.a.build.context",
+     "leads out of the bundle folder"),
+    ("services:\n  a:\n    image: x\n    environment: {HOME: '${HOME}'}\n", 4, 19, "services.a.environment.HOME",
+     "'$' interpolation is not supported"),
+    ("services:\n  a:\n    image: x\n    environment: [PATH=$PATH]\n", 4, 19, "services.a.environment.0",
+     "'$' interpolation is not supported"),
     ("services:\n  Bad_Name:\n    image: x\n", 2, 3, "services.Bad_Name.name", "DNS label"),
     ("services: {}\n", 1, 1, "services", "at least one service"),
 ]
@@ -138,3 +146,34 @@ def test_outside_the_subset_is_refused_at_its_line(
         load_bundle(folder)
     expected = f"{folder / 'compose.yaml'}:{line}:{column}: {field}: "
     assert any(p.startswith(expected) and words in p for p in caught.value.problems), caught.value.problems
+
+
+def test_image_and_build_together_build_the_image_under_that_name(tmp_path: Path) -> None:
+    compose = "services:\n  db:\n    image: registry.local/db:v1\n    build: db\n"
+    folder = write_bundle(tmp_path / "b", HEAD, extra={"compose.yaml": compose, "db/Dockerfile": "FROM scratch\n"})
+    bundle = load_bundle(folder)
+    assert bundle.world.services[0].image == "registry.local/db:v1"
+    assert bundle.builds["db"].context == (folder / "db").resolve()
+
+
+def test_a_dollar_written_twice_is_a_literal_dollar(tmp_path: Path) -> None:
+    compose = "services:\n  a:\n    image: x\n    environment: {PRICE: '$$5'}\n"
+    folder = write_bundle(tmp_path / "b", HEAD, extra={"compose.yaml": compose})
+    assert load_bundle(folder).world.services[0].environment == {"PRICE": "$5"}
+
+
+def test_the_example_bundle_loads_from_its_compose_file_with_the_same_digest(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "images" / "support-desk-billing"
+    copy = tmp_path / "support-desk-billing"
+    shutil.copytree(example, copy, symlinks=True)
+    text = (copy / "bundle.yaml").read_text()
+    head, rest = text.split("services:\n", 1)
+    tail = rest[rest.index("network:"):]
+    (copy / "bundle.yaml").write_text(head + "compose: compose.yaml\n" + tail)
+    from_compose = load_bundle(copy)
+    assert from_compose.manifest.services is None and from_compose.manifest.compose == "compose.yaml"
+    listed = load_bundle(example)
+    assert from_compose.world.services == listed.world.services
+    images = {**IMAGES, "softprobe/support-desk:latest": IMAGES["softprobe/support-desk:latest"]}
+    assert resolve(from_compose, fake_resolver(images), store=tmp_path / "store").digest == \
+        resolve(listed, fake_resolver(images), store=tmp_path / "store").digest

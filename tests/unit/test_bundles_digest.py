@@ -48,10 +48,31 @@ def test_same_bundle_copied_elsewhere_with_reordered_yaml_keys_has_the_same_dige
     reordered = "".join(lines[20:]) + "".join(lines[:20])
     reordered = reordered.replace("{memory: 512m, cpus: 1.0, pids_limit: 256}", "{pids_limit: 256, cpus: 1.0, memory: 512m}")
     (copy / "bundle.yaml").write_text(reordered)
+    # Other permission bits than the exec bit: the snapshot makes them 0644/0755 (another umask).
+    (copy / "seed" / "README.md").chmod(0o600)
+    (copy / "seed" / "docs").chmod(0o775)
     for path in copy.rglob("*"):  # other times: mtimes never count
         os.utime(path, (1_000_000, 1_000_000), follow_symlinks=False)
     assert reordered != BUNDLE_YAML
     assert digest(copy) == digest(bundle)
+
+
+# The same numbers and sizes, spelled otherwise in bundle.yaml.
+SPELLINGS = {
+    "an int for a float": ("tool_timeout_s: 30,", "tool_timeout_s: 30.0,"),
+    "cpus as an int": ("cpus: 1.0", "cpus: 1"),
+    "a size in bytes": ("memory: 512m", "memory: 536870912"),
+    "a size in upper case": ("memory: 512m", "memory: 512M"),
+    "a size with its b": ("memory: 512m", "memory: 512mb"),
+}
+
+
+@pytest.mark.parametrize("spelling", list(SPELLINGS), ids=list(SPELLINGS))
+def test_numbers_and_sizes_spelled_otherwise_have_the_same_digest(bundle: Path, spelling: str) -> None:
+    before = digest(bundle)
+    old, new = SPELLINGS[spelling]
+    _edit("bundle.yaml", old, new)(bundle)
+    assert digest(bundle) == before
 
 
 Change = Callable[[Path], None]
@@ -78,10 +99,9 @@ CHANGES: dict[str, Change] = {
     "one byte of an overlay file": _edit("tools/billing_tool.py", "True", "Trve"),
     "one byte of a seed file": _edit("seed/docs/policy.md", "30", "31"),
     "a seed file's exec bit": _chmod("seed/README.md", 0o755),
-    # The seed keeps every permission bit in the world: a file the agent cannot read differs.
-    "a seed file's read bits": _chmod("seed/README.md", 0o600),
-    "a seed folder's bits": _chmod("seed/docs", 0o700),
     "an overlay file's exec bit": _chmod("tools/billing_tool.py", 0o644),
+    "a size": _edit("bundle.yaml", "memory: 512m", "memory: 513m"),
+    "a float": _edit("bundle.yaml", "tool_timeout_s: 30,", "tool_timeout_s: 30.5,"),
     "a new empty seed file": _add("seed/empty.txt", ""),
     "an assertion": _edit("bundle.yaml", "value: refund", "value: refunds"),
     "a tool entry": _edit("bundle.yaml", "timeout_s: 10", "timeout_s: 11"),
@@ -139,6 +159,35 @@ def test_tree_digest_counts_symlinks_by_target_text_and_empty_folders(tmp_path: 
     second = tree_digest(tree)
     (tree / "empty").mkdir()
     assert len({first, second, tree_digest(tree)}) == 3
+
+
+def test_resolve_snapshots_the_trees_normalised_and_digests_the_snapshot(bundle: Path, tmp_path: Path) -> None:
+    (bundle / "seed" / "README.md").chmod(0o600)  # the agent's uid could not read this: 0644 in the world
+    (bundle / "seed" / "docs").chmod(0o700)
+    (bundle / "seed" / "link").symlink_to("docs/policy.md")
+    resolved = resolve(load_bundle(bundle), fake_resolver(), store=tmp_path / "store")
+    seed, files = resolved.seed_root, resolved.files_root
+    assert seed is not None and files is not None
+    assert seed.parent == files.parent == tmp_path / "store" / "trees"
+    assert resolved.manifest["seed"] == "sha256:" + seed.name == tree_digest(seed) == tree_digest(bundle / "seed")
+    assert resolved.manifest["overlay"]["files"] == "sha256:" + files.name
+    modes = {p.relative_to(seed).as_posix(): p.lstat().st_mode & 0o7777 for p in seed.rglob("*")}
+    assert modes["README.md"] == 0o644 and modes["docs"] == 0o755 and modes["docs/policy.md"] == 0o644
+    assert os.readlink(seed / "link") == "docs/policy.md"
+    assert (files / "billing_tool.py").stat().st_mode & 0o7777 == 0o755
+    assert (seed / "README.md").read_text() == (bundle / "seed" / "README.md").read_text()
+    # Resolved again: the same snapshot, reused; no staging folder left behind.
+    again = resolve(load_bundle(bundle), fake_resolver(), store=tmp_path / "store")
+    assert (again.seed_root, again.files_root) == (seed, files)
+    assert sorted(p.name for p in (tmp_path / "store" / "trees").iterdir()) == sorted([seed.name, files.name])
+
+
+def test_the_host_options_of_a_resolved_bundle_name_the_snapshots(bundle: Path, tmp_path: Path) -> None:
+    resolved = resolve(load_bundle(bundle), fake_resolver(), store=tmp_path / "store")
+    options = resolved.host_options()
+    assert options["seed_root"] == resolved.seed_root and options["world"].tools.files_root == resolved.files_root
+    assert options["image"] == IMAGES["softprobe/support-desk:latest"] and options["bundle_digest"] == resolved.digest
+    assert resolved.assertions == [{"type": "contains", "value": "refund"}]
 
 
 def test_tree_digest_refuses_a_fifo(tmp_path: Path) -> None:

@@ -168,3 +168,13 @@ def test_an_overlay_link_leading_out_is_refused_at_load(tmp_path: Path) -> None:
     os.symlink("/etc/passwd", folder / "tools" / "passwd")
     with pytest.raises(BundleError, match=r"bundle.yaml:\d+:\d+: overlay.files: .*passwd"):
         load_bundle(folder)
+
+
+def test_problems_come_in_line_order(tmp_path: Path) -> None:
+    manifest = ("schema: softprobe.environment-bundle/v1\nname: BAD NAME\nimage: x\nepisode: {max_steps: zero}\n"
+                "capabilities: {time_travel: true}\nlimits: {memory: lots}\n")
+    folder = write_bundle(tmp_path / "b", manifest)
+    with pytest.raises(BundleError) as caught:
+        load_bundle(folder)
+    lines = [int(p.split(":")[1]) for p in caught.value.problems]
+    assert lines == sorted(lines) and len(lines) == 4

@@ -10,7 +10,7 @@ import pytest
 from bundle_fixtures import write_bundle
 
 from softprobe.gym.bundles import load_bundle, resolve_bundle
-from softprobe.gym.evals.runner import preflight_suite, run_suite
+from softprobe.gym.evals.runner import grade_records, preflight_suite, run_suite
 from softprobe.gym.evals.suite import SuiteError, load_suite
 from softprobe.gym.providers.local import LocalProvider
 
@@ -67,6 +67,48 @@ async def test_tasks_run_on_their_bundle_and_are_graded_with_its_assertions(
     trajectory = (tmp_path / "out" / "runs" / "episodes" / "on-bundle" / "trajectory.jsonl").read_text()
     assert "refunds go in refund-note.md" in trajectory  # the bundle's seed
     assert list((local_provider.root / "sandboxes").glob("*")) == []
+    assert record["bundle_assertions"] == [{"type": "contains", "value": "world"}]
+    # The bundle folder edited after the run (or before a --resume): grading keeps the
+    # assertions the tasks ran under, not the folder's new ones.
+    bundle_yaml = tmp_path / "suite" / "worlds" / "one" / "bundle.yaml"
+    bundle_yaml.write_text(bundle_yaml.read_text().replace("value: world", "value: nowhere"))
+    regraded = await grade_records(suite, tmp_path / "out", suite.tasks, backend="native", wall_s=1.0,
+                                   interrupted=False)
+    assert {r.id: r.passed for r in regraded.results} == {"on-bundle": True, "on-bundle-missing-word": False,
+                                                          "plain": True}
+    # A record written without them: from the store, by its digest.
+    del record["bundle_assertions"]
+    (tmp_path / "out" / "tasks" / "on-bundle.json").write_text(json.dumps(record))
+    regraded = await grade_records(suite, tmp_path / "out", suite.tasks, backend="native", wall_s=1.0,
+                                   interrupted=False)
+    assert next(r for r in regraded.results if r.id == "on-bundle").passed
+
+
+def test_suite_limits_every_task_s_bundle_replaces_are_refused_at_their_line(tmp_path: Path) -> None:
+    write_bundle(tmp_path / "suite" / "worlds" / "one", BUNDLE)
+    dead = SUITE.replace("concurrency: 2\n", "concurrency: 2\nlimits: {max_steps: 9, tool_timeout_s: 5}\n")
+    only_bundles = dead.split("  - id: plain")[0]
+    (tmp_path / "suite" / "suite.yaml").write_text(only_bundles)
+    with pytest.raises(SuiteError) as caught:
+        preflight_suite(load_suite(tmp_path / "suite" / "suite.yaml"), check_image=False)
+    message = str(caught.value)
+    for name in ("max_steps", "tool_timeout_s"):
+        assert f"suite.yaml:4: limits.{name}: every task runs on a bundle that sets its own (" in message
+    assert str((tmp_path / "suite" / "worlds" / "one").resolve()) in message
+    # With a task that runs without a bundle, the limits limit it: no problem.
+    (tmp_path / "suite" / "suite.yaml").write_text(dead)
+    preflight_suite(load_suite(tmp_path / "suite" / "suite.yaml"), check_image=False)
+    # max_steps of a bundle that sets none still holds: only tool_timeout_s is dead.
+    write_bundle(tmp_path / "suite2" / "worlds" / "one", BUNDLE.replace("episode: {max_steps: 5}\n", ""))
+    (tmp_path / "suite2" / "suite.yaml").write_text(only_bundles)
+    with pytest.raises(SuiteError) as caught:
+        preflight_suite(load_suite(tmp_path / "suite2" / "suite.yaml"), check_image=False)
+    assert "limits.tool_timeout_s" in str(caught.value) and "limits.max_steps" not in str(caught.value)
+
+
+def test_the_billing_example_suite_passes_the_preflight() -> None:
+    example = Path(__file__).resolve().parents[2] / "images" / "support-desk-billing" / "examples" / "suite.yaml"
+    preflight_suite(load_suite(example), check_image=False)
 
 
 def test_an_invalid_bundle_is_reported_at_the_suite_line_naming_it(tmp_path: Path) -> None:

@@ -4,13 +4,15 @@ digest reach the host, its episodes and their records."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from bundle_fixtures import write_bundle
 
 from softprobe.gym import ConfigurationError, create_host_environment
-from softprobe.gym.bundles import load_bundle, resolve_bundle
+from softprobe.gym.bundles import STORE_ENV, load_bundle, resolve_bundle
+from softprobe.gym.bundles.store import find
 from softprobe.gym.providers.local import LocalProvider
 
 LOCAL = """\
@@ -40,7 +42,10 @@ async def test_a_host_from_a_bundle_runs_its_world_and_records_its_digest(
         assert host.config.tool_timeout_s == 5.0 and not host.config.capabilities.environment_checkpoint
         # The world reaches the host as the bundle declares it (providers install it).
         assert [t.name for t in host.config.world.tools.tools] == ["billing.get_invoice"]
-        assert host.config.world.tools.files_root == (folder / "tools").resolve()
+        # ... from snapshots in the bundle store, never from the bundle folder.
+        store = Path(os.environ[STORE_ENV])
+        for snapshot in (host.config.world.tools.files_root, host.config.seed_root):
+            assert snapshot is not None and snapshot.parent == store / "trees"
         await host.create_episode(episode_id="ep")
         reset = await host.reset(episode_id="ep")
         assert "README.md" in reset.observation["workspace_files"]
@@ -54,7 +59,33 @@ async def test_a_host_from_a_bundle_runs_its_world_and_records_its_digest(
     assert record["bundle_digest"] == expected
 
 
+async def test_editing_the_bundle_folder_after_resolve_changes_nothing_that_runs(
+    tmp_path: Path, local_provider: LocalProvider
+) -> None:
+    folder = write_bundle(tmp_path / "bundle", LOCAL)
+    async with create_host_environment(run_root=tmp_path / "run", bundle=folder, provider=local_provider) as host:
+        digest = host.config.bundle_digest
+        # Edited after the host was made: the seed, the tool's file, and the tool file's mode.
+        (folder / "seed" / "README.md").write_text("CHANGED\n")
+        tool = folder / "tools" / "billing_tool.py"
+        tool.write_text("print('{\"changed\": true}')\n")
+        tool.chmod(0o600)
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        read = await host.step(episode_id="ep", action={"type": "tool", "name": "fs.read", "args": {"path": "README.md"}})
+        assert "refund" in read.observation and "CHANGED" not in read.observation
+        call = await host.step(episode_id="ep", action={"type": "tool", "name": "billing.get_invoice", "args": {}})
+        assert call.error is None and call.observation == {"ok": True}
+        done = await host.finalize(episode_id="ep")
+        assert done.bundle_digest == digest
+        await host.destroy(episode_id="ep")
+    assert digest is not None
+    # The digest a run records is in the store (bundle inspect DIGEST finds it).
+    assert find(digest).manifest["episode"]["max_steps"] == 3
+
+
 @pytest.mark.parametrize("keyword", [{"image": "softprobe/support-desk:latest"}, {"max_steps": 5},
+                                     {"image": "softprobe/base:latest"}, {"tool_timeout_s": 30.0},
                                      {"tools": [{"name": "x.y", "command": ["true"]}]}, {"network": "none"}])
 def test_keywords_the_bundle_sets_conflict(tmp_path: Path, local_provider: LocalProvider, keyword: dict) -> None:
     folder = write_bundle(tmp_path / "bundle", LOCAL)

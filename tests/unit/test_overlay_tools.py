@@ -381,3 +381,22 @@ async def test_a_tool_printing_json_nested_beyond_the_parser_is_a_tool_failure(t
         assert "invalid JSON" in result.error.message
         after = await host.step(episode_id="ep", action={"type": "tool", "name": "fs.list", "args": {}})
         assert after.error is None  # the shim works on
+
+
+def test_a_tool_name_too_long_as_a_function_name_is_refused_when_defined() -> None:
+    from softprobe.gym.worlds import ToolDefinition
+
+    fits = "a." * 21 + "b"  # 43 characters, 64 as a function name (each '.' becomes '__')
+    assert len(function_name_for_tool(fits)) == 64
+    ToolDefinition(name=fits, command=["true"])
+    with pytest.raises(ValueError, match="65 characters as a function name"):
+        ToolDefinition(name=fits + "c", command=["true"])
+
+
+def test_tool_schemas_refuse_an_image_tool_whose_function_name_is_too_long() -> None:
+    from softprobe.gym.episodes.toolspecs import tool_schemas
+    from softprobe.gym.shim.protocol import HelloTool
+
+    name = "image." * 10 + "tool"  # valid for an image manifest, 74 characters as a function name
+    with pytest.raises(ConfigurationError, match="has no valid function name"):
+        tool_schemas([HelloTool(name=name, builtin=False, args={"type": "object"})])

@@ -50,12 +50,12 @@ def test_eval_progress_lines_escape_agent_text(capsys):
 
 def test_demo_steps_escape_observations_and_changed_paths():
     from softprobe.gym.actions import parse_action
-    from softprobe.gym.cli.demo import _format_step
+    from softprobe.gym.cli.demo import format_step
     from softprobe.gym.results import StepResult
 
     step = StepResult(
         episode_id="e", index=1, action=parse_action({"type": "tool", "name": "shell.exec", "args": {"command": "x"}}),
         observation="ok\x1b]0;title\x07\rfake", diagnostics={"changed_paths": ["a\x1b[31m"]},
     )
-    shown = _format_step(step)
+    shown = format_step(step)
     assert "\x1b" not in shown and "\r" not in shown and "\x07" not in shown

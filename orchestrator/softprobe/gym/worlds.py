@@ -51,6 +51,10 @@ class ToolDefinition(BaseModel):
             raise ValueError(f"tool name {value!r} must be a letter then letters, digits, '_', '.' or '-' (64 at most)")
         if value in BUILTIN_TOOLS:
             raise ValueError(f"tool name {value!r} is a built-in tool's")
+        function_name = value.replace(".", "__")  # what tool_specs() gives a model (toolspecs.py)
+        if len(function_name) > 64:
+            raise ValueError(f"tool name {value!r} is {len(function_name)} characters as a function name "
+                             f"({function_name!r}: each '.' becomes '__'); function-calling APIs take 64 at most")
         return value
 
     @field_validator("args")

@@ -62,7 +62,7 @@ class LocatedYaml:
             message = describe(loc, dict(error)) if describe is not None else None
             if message is None and error["type"] == "extra_forbidden":
                 message = f"unknown key {loc[-1]!r}"
-            problems.append(self.problem(loc, message or error["msg"].removeprefix("Value error, ")))
+            problems.append(self.problem(loc, message or error_message(error["msg"])))
         return problems
 
     def file_loc(self, loc: Loc) -> Loc:
@@ -86,6 +86,12 @@ class LocatedYaml:
             except (KeyError, IndexError, TypeError):
                 return None
         return value
+
+
+def error_message(msg: str) -> str:
+    """A pydantic error message without the ``Value error, `` prefix a validator's
+    ``ValueError`` gets."""
+    return msg.removeprefix("Value error, ")
 
 
 def dotted(loc: Loc) -> str:

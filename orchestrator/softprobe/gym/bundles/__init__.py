@@ -4,7 +4,7 @@ policy, limits, capabilities, episode policy, assertions). See the README's "Env
 bundles".
 
     bundle = load_bundle("images/support-desk-billing")     # validated, line-accurate errors
-    resolved = await resolve_bundle(bundle, provider)       # images -> ids, digest
+    resolved = await resolve_bundle(bundle, provider)       # images -> ids, snapshots, digest
     host = create_host_environment(run_root=..., bundle=bundle)
 """
 
@@ -18,16 +18,17 @@ from softprobe.gym.bundles.digest import (
     digest_of,
     resolve,
     resolve_bundle,
-    tree_digest,
 )
 from softprobe.gym.bundles.host import BUNDLE_OPTIONS, host_options, resolve_now
 from softprobe.gym.bundles.loading import load_bundle
 from softprobe.gym.bundles.model import MANIFEST_NAME, SCHEMA, BundleLimits, BundleManifest, EpisodePolicy
+from softprobe.gym.bundles.trees import STORE_ENV, snapshot_tree, store_dir, tree_digest
 
 __all__ = [
     "BUNDLE_OPTIONS",
     "MANIFEST_NAME",
     "SCHEMA",
+    "STORE_ENV",
     "BuildSpec",
     "Bundle",
     "BundleLimits",
@@ -46,5 +47,7 @@ __all__ = [
     "resolve",
     "resolve_bundle",
     "resolve_now",
+    "snapshot_tree",
+    "store_dir",
     "tree_digest",
 ]

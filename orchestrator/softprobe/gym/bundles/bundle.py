@@ -48,7 +48,8 @@ class Bundle:
         refs = [self.manifest.image, *(s.image for s in self.world.services)]
         return list(dict.fromkeys(refs))
 
-    def host_options(self, *, image_ids: Mapping[str, str] | None = None, digest: str | None = None) -> dict[str, Any]:
+    def host_options(self, *, image_ids: Mapping[str, str] | None = None, digest: str | None = None,
+                     seed_root: Path | None = None, files_root: Path | None = None) -> dict[str, Any]:
         """``create_host_environment`` keywords that run this bundle.
 
         Args:
@@ -56,6 +57,8 @@ class Bundle:
                 images by id, so it runs exactly what the digest names even if a tag moves.
             digest: the bundle's digest, recorded in every episode's ``episode.json`` and
                 ``result.json``.
+            seed_root / files_root: run the seed and the overlay files from these folders (the
+                resolved bundle's snapshots) instead of the bundle folder's.
 
         Raises:
             BundleError: an image of ``image_refs()`` is missing from ``image_ids``.
@@ -65,13 +68,17 @@ class Bundle:
         if missing:
             raise BundleError(f"bundle {self.name}: no image id for {', '.join(missing)}")
         pinned = ids.get if image_ids is not None else (lambda ref: ref)
+        tools = self.world.tools
+        if files_root is not None:
+            tools = tools.model_copy(update={"files_root": files_root})
         world = self.world.model_copy(update={
+            "tools": tools,
             "services": tuple(s.model_copy(update={"image": pinned(s.image)}) for s in self.world.services),
         })
         episode = self.manifest.episode
         return {
             "image": pinned(self.manifest.image),
-            "seed_root": self.seed_root,
+            "seed_root": seed_root if seed_root is not None else self.seed_root,
             "world": world,
             "capabilities": self.manifest.capabilities,
             "container": ContainerSettings(**self.manifest.limits.settings()),

@@ -2,13 +2,22 @@
 :class:`~softprobe.gym.worlds.ServiceSpec`.
 
 Supported: top-level ``services`` (plus ``name``, ``version`` and ``x-*`` extensions, ignored);
-per service ``image`` or ``build`` (a context folder, or ``{context, dockerfile}``),
-``command`` (a string, split like a shell would, or a list), ``environment`` (a mapping or a
-``["K=V"]`` list), ``healthcheck`` (``test``, ``interval``/``timeout``/``start_period`` as
-Compose durations such as ``500ms``, ``2s``, ``1m30s``, ``retries``) and ``depends_on`` (a list,
-or a mapping with ``condition: service_healthy`` or ``service_started``). Anything else (ports,
-volumes, networks, privileged, cap_add...) is refused at its line: the world's network and
-confinement are the bundle's to say, not the Compose file's.
+per service ``image``, ``build`` (a context folder inside the bundle, or ``{context,
+dockerfile}``) or both (Compose's meaning: build, and tag the result as ``image``; ``build``
+alone is tagged ``softprobe-bundle/<bundle>-<service>:latest``), ``command`` (a string, split
+like a shell would, or a list), ``environment`` (a mapping or a ``["K=V"]`` list),
+``healthcheck`` (``test``, ``interval``/``timeout``/``start_period`` as Compose durations such
+as ``500ms``, ``2s``, ``1m30s``, ``retries``) and ``depends_on`` (a list, or a mapping with
+``condition: service_healthy`` or ``service_started``). Anything else (ports, volumes, networks,
+privileged, cap_add...) is refused at its line: the world's network and confinement are the
+bundle's to say, not the Compose file's.
+
+Where this differs from Compose:
+
+- Nothing is interpolated from the host's environment: ``$VAR`` and ``${VAR}`` in an
+  ``environment`` value are refused at their line (``$$`` is a literal ``$``, as in Compose).
+- ``service_started`` waits like ``service_healthy`` when the service has a healthcheck (its
+  own or its image's): every service is started healthy before its dependents and the agent.
 """
 
 from __future__ import annotations
@@ -51,13 +60,16 @@ class ComposeService:
     Attributes:
         loc: where it is in the Compose file (``("services", name)``).
         fields: :class:`~softprobe.gym.worlds.ServiceSpec` keywords (``image`` left out for a
-            ``build:`` service: the bundle names its image).
+            ``build:`` service without ``image:``: the bundle names its image).
         build: how to build its image, or None for an ``image:`` service.
+        build_context: the ``build`` context as written (relative to the Compose file's folder,
+            without ``..``), or None.
     """
 
     loc: Loc
     fields: dict[str, Any]
     build: BuildSpec | None = None
+    build_context: str | None = None
 
 
 def parse_duration(text: str) -> float:
@@ -112,13 +124,13 @@ def _service(doc: LocatedYaml, loc: Loc, name: str, body: Any, base: Path) -> tu
         for key in body if key not in _SERVICE_KEYS
     ]
     fields: dict[str, Any] = {"name": name}
-    build = None
-    if ("image" in body) == ("build" in body):
-        problems.append(doc.problem(loc, "a service needs image or build (one of them)"))
-    elif "image" in body:
+    build, context = None, None
+    if "image" not in body and "build" not in body:
+        problems.append(doc.problem(loc, "a service needs image, build, or both (build, tagged as image)"))
+    if "image" in body:
         fields["image"] = body["image"]
-    else:
-        build, found = _build(doc, (*loc, "build"), body["build"], base)
+    if "build" in body:
+        build, context, found = _build(doc, (*loc, "build"), body["build"], base)
         problems += found
     if "command" in body:
         command = body["command"]
@@ -141,22 +153,31 @@ def _service(doc: LocatedYaml, loc: Loc, name: str, body: Any, base: Path) -> tu
         depends, found = _depends_on(doc, (*loc, "depends_on"), body["depends_on"])
         fields["depends_on"] = depends
         problems += found
-    return ComposeService(loc=loc, fields=fields, build=build), problems
+    return ComposeService(loc=loc, fields=fields, build=build, build_context=context), problems
 
 
-def _build(doc: LocatedYaml, loc: Loc, value: Any, base: Path) -> tuple[BuildSpec | None, list[str]]:
+def _build(doc: LocatedYaml, loc: Loc, value: Any, base: Path) -> tuple[BuildSpec | None, str | None, list[str]]:
+    context_loc = loc if isinstance(value, str) else (*loc, "context")
     if isinstance(value, str):
         value = {"context": value}
     if not isinstance(value, dict):
-        return None, [doc.problem(loc, "build is a context folder, or {context, dockerfile}")]
+        return None, None, [doc.problem(loc, "build is a context folder, or {context, dockerfile}")]
     problems = [doc.problem((*loc, key), f"build.{key} is outside the supported Compose subset (context, dockerfile)")
                 for key in value if key not in ("context", "dockerfile")]
     context, dockerfile = value.get("context", "."), value.get("dockerfile", "Dockerfile")
     if not isinstance(context, str) or not isinstance(dockerfile, str):
-        return None, [*problems, doc.problem(loc, "build context and dockerfile are strings")]
+        return None, None, [*problems, doc.problem(loc, "build context and dockerfile are strings")]
+    if PurePosixPath(context).is_absolute() or Path(context).is_absolute():
+        problems.append(doc.problem(context_loc, f"the build context {context!r} is absolute; give a folder inside "
+                                    "the bundle, relative to the Compose file"))
+    elif ".." in PurePosixPath(context).parts:
+        problems.append(doc.problem(context_loc, f"the build context {context!r} leads out of the bundle folder "
+                                    "('..'); give a folder inside it"))
     if PurePosixPath(dockerfile).is_absolute() or ".." in PurePosixPath(dockerfile).parts:
         problems.append(doc.problem((*loc, "dockerfile"), "the dockerfile must be a path inside the build context"))
-    return BuildSpec(context=base / context, dockerfile=dockerfile), problems
+    if problems:
+        return None, None, problems
+    return BuildSpec(context=base / context, dockerfile=dockerfile), context, problems
 
 
 def _environment(doc: LocatedYaml, loc: Loc, value: Any) -> tuple[dict[str, str], list[str]]:
@@ -170,17 +191,34 @@ def _environment(doc: LocatedYaml, loc: Loc, value: Any) -> tuple[dict[str, str]
                                             "is never passed in)"))
                 continue
             key, _, text = item.partition("=")
-            result[key] = text
+            if _interpolates(text):
+                problems.append(_interpolated(doc, (*loc, index)))
+                continue
+            result[key] = text.replace("$$", "$")
     elif isinstance(value, dict):
         for key, item in value.items():
             if item is None or isinstance(item, (dict, list)):
                 problems.append(doc.problem((*loc, key), "a value is needed (a string or number; the host's "
                                             "environment is never passed in)"))
                 continue
-            result[str(key)] = str(item).lower() if isinstance(item, bool) else str(item)
+            text = str(item).lower() if isinstance(item, bool) else str(item)
+            if _interpolates(text):
+                problems.append(_interpolated(doc, (*loc, key)))
+                continue
+            result[str(key)] = text.replace("$$", "$")
     else:
         problems.append(doc.problem(loc, "environment is a mapping or a list of 'KEY=value'"))
     return result, problems
+
+
+def _interpolates(text: str) -> bool:
+    """Whether Compose would interpolate something in ``text``: a ``$`` not written ``$$``."""
+    return "$" in text.replace("$$", "")
+
+
+def _interpolated(doc: LocatedYaml, loc: Loc) -> str:
+    return doc.problem(loc, "'$' interpolation is not supported (the host's environment is never passed in): "
+                       "write the value itself, or '$$' for a literal '$'")
 
 
 def _healthcheck(doc: LocatedYaml, loc: Loc, value: Any) -> tuple[dict[str, Any], list[str]]:

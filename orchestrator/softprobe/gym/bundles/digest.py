@@ -2,22 +2,23 @@
 a digest, so two bundles with the same digest are the same world.
 
 - the agent image and each service image: by image id (``sha256:...``), never by tag;
-- the seed folder and the overlay files: by :func:`tree_digest` (paths, types, permission bits
-  and contents; not mtimes, owners or where the folder is), so a copy elsewhere has the same digest;
+- the seed folder and the overlay files: by :func:`~.trees.tree_digest` of their snapshots
+  (paths, types, exec bits and contents, as the world sees them: the snapshot makes files 0644
+  or 0755 and folders 0755; not mtimes, owners or where the folder is), so a copy elsewhere has
+  the same digest;
 - tools (in name order, as the shim lists them), network policy, limits, capabilities, episode
-  policy, assertions and the tape reference: verbatim (as validated, so key order and YAML spelling do not count).
+  policy, assertions and the tape reference: as validated, so key order and YAML spelling do
+  not count (``30`` and ``30.0`` are one float; sizes such as ``512m`` are in bytes).
 
 The bundle's name, description and ``demo`` actions are not part of the world, so not of the
-digest. Functions here take a *resolver* (image name -> id, or None if missing) so they are pure;
-:func:`resolve_images` makes one from a provider.
+digest. Functions here take a *resolver* (image name -> id, or None if missing), so nothing but
+the store's snapshots is touched; :func:`resolve_images` makes one from a provider.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,10 @@ from typing import Any
 
 from softprobe.gym.bundles.bundle import Bundle
 from softprobe.gym.bundles.model import SCHEMA
+from softprobe.gym.bundles.trees import snapshot_tree, tree_digest
 from softprobe.gym.errors import BundleError
 from softprobe.gym.providers.base import Provider
+from softprobe.gym.settings import parse_size
 
 #: Image name -> image id (``sha256:...``), or None when the image does not exist.
 Resolver = Callable[[str], "str | None"]
@@ -41,16 +44,27 @@ class ResolvedBundle:
         manifest: the canonical manifest (what the digest is of).
         digest: ``sha256:<64 hex>``.
         image_ids: image name -> id, for every image the bundle names.
+        seed_root / files_root: the snapshots of the seed and overlay folders in the bundle
+            store (``<store>/trees/<hex>/``), what hosts run from; None without them.
     """
 
     bundle: Bundle
     manifest: dict[str, Any]
     digest: str
     image_ids: Mapping[str, str]
+    seed_root: Path | None = None
+    files_root: Path | None = None
+
+    @property
+    def assertions(self) -> list[dict[str, Any]]:
+        """The bundle's assertions as resolved (what grading uses, whatever the folder says later)."""
+        return [dict(a) for a in self.manifest["assertions"]]
 
     def host_options(self) -> dict[str, Any]:
-        """:meth:`Bundle.host_options` with the images pinned by id and the digest."""
-        return self.bundle.host_options(image_ids=self.image_ids, digest=self.digest)
+        """:meth:`Bundle.host_options` with the images pinned by id, the digest, and the seed
+        and overlay files taken from their snapshots (never from the bundle folder)."""
+        return self.bundle.host_options(image_ids=self.image_ids, digest=self.digest, seed_root=self.seed_root,
+                                        files_root=self.files_root)
 
 
 def canonical_json(value: Any) -> bytes:
@@ -63,71 +77,41 @@ def digest_of(value: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
 
 
-def tree_digest(root: Path) -> str:
-    """The digest of a folder's tree: each entry's relative path, type, permission bits and
-    content (a file's sha256, a symlink's target text), sorted by path. Symlinks are not
-    followed. Permission bits count because the seed keeps them in the world (a file the agent
-    cannot read is another world than one it can).
-
-    Raises:
-        BundleError: the tree holds something else than files, folders and symlinks (a FIFO,
-            a socket, a device), or cannot be read.
-    """
-    entries: list[tuple[str, str, int, str | None]] = []
-    try:
-        for folder, dirs, files in os.walk(root):
-            dirs.sort()
-            for name in sorted([*dirs, *files]):
-                path = Path(folder) / name
-                relative = path.relative_to(root).as_posix()
-                info = path.lstat()
-                if stat.S_ISLNK(info.st_mode):
-                    entries.append((relative, "symlink", 0, os.readlink(path)))
-                elif stat.S_ISDIR(info.st_mode):
-                    entries.append((relative, "dir", stat.S_IMODE(info.st_mode), None))
-                elif stat.S_ISREG(info.st_mode):
-                    entries.append((relative, "file", stat.S_IMODE(info.st_mode), _file_sha256(path)))
-                else:
-                    raise BundleError(f"{path}: only files, folders and symlinks can be part of a bundle")
-    except OSError as err:
-        raise BundleError(f"cannot read {err.filename}: {err.strerror}") from None
-    entries.sort(key=lambda entry: entry[0])
-    return digest_of([list(entry) for entry in entries])
+#: The limits that are sizes: in the canonical manifest as bytes, however bundle.yaml spells them.
+_SIZE_LIMITS = ("memory", "max_file_size", "tmp_size", "workspace_quota_bytes")
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
-
-
-def canonical_manifest(bundle: Bundle, resolve: Resolver) -> dict[str, Any]:
+def canonical_manifest(bundle: Bundle, image_ids: Mapping[str, str], *, seed: str | None,
+                       overlay_files: str | None) -> dict[str, Any]:
     """The manifest the digest is of (see the module docstring).
 
-    Raises:
-        BundleError: an image does not exist (the message says how to get it); the seed or
-            overlay tree cannot be read.
+    Args:
+        bundle: the bundle.
+        image_ids: image name -> id for every image of :meth:`Bundle.image_refs`.
+        seed / overlay_files: the :func:`tree_digest` of the seed and overlay snapshots (None
+            without them).
     """
-    ids = image_ids(bundle, resolve)
     manifest = bundle.manifest
     world = bundle.world
+    limits = manifest.limits.model_dump(mode="json", exclude_none=True)
+    for name in _SIZE_LIMITS:  # 512m, 512M and 536870912 are one limit
+        if name in limits:
+            limits[name] = parse_size(limits[name])
     return {
         "schema": SCHEMA,
-        "image": ids[manifest.image],
-        "seed": tree_digest(bundle.seed_root) if bundle.seed_root is not None else None,
+        "image": image_ids[manifest.image],
+        "seed": seed,
         "overlay": {
-            "files": tree_digest(world.tools.files_root) if world.tools.files_root is not None else None,
+            "files": overlay_files,
             # By name: the shim lists tools by name, so their order in bundle.yaml is not the world.
             "tools": [tool.model_dump(mode="json") for tool in sorted(world.tools.tools, key=lambda t: t.name)],
         },
         "services": [
-            {**service.model_dump(mode="json", exclude={"image"}), "image": ids[service.image]}
+            {**service.model_dump(mode="json", exclude={"image"}), "image": image_ids[service.image]}
             for service in world.services
         ],
         "network": world.network.model_dump(mode="json"),
-        "limits": manifest.limits.model_dump(mode="json", exclude_none=True),
+        "limits": limits,
         "capabilities": manifest.capabilities.model_dump(mode="json"),
         "episode": manifest.episode.model_dump(mode="json"),
         "assertions": list(manifest.assertions),
@@ -158,15 +142,26 @@ def image_ids(bundle: Bundle, resolve: Resolver) -> dict[str, str]:
     return ids
 
 
-def resolve(bundle: Bundle, resolver: Resolver) -> ResolvedBundle:
-    """Resolve ``bundle`` with ``resolver``: its canonical manifest and digest.
+def resolve(bundle: Bundle, resolver: Resolver, *, store: Path | None = None) -> ResolvedBundle:
+    """Resolve ``bundle`` with ``resolver``: each image looked up once, the seed and overlay
+    folders snapshot into the bundle store (see :mod:`.trees`), the canonical manifest and digest.
+
+    Args:
+        store: the bundle store folder (default :func:`~softprobe.gym.bundles.trees.store_dir`).
 
     Raises:
-        BundleError: see :func:`canonical_manifest`.
+        BundleError: an image does not exist (the message says how to get it); the seed or
+            overlay tree holds something else than files, folders and symlinks, or the store
+            cannot be written.
     """
-    manifest = canonical_manifest(bundle, resolver)
-    return ResolvedBundle(bundle=bundle, manifest=manifest, digest=digest_of(manifest),
-                          image_ids=image_ids(bundle, resolver))
+    ids = image_ids(bundle, resolver)
+    seed = snapshot_tree(bundle.seed_root, store) if bundle.seed_root is not None else None
+    files_root = bundle.world.tools.files_root
+    files = snapshot_tree(files_root, store) if files_root is not None else None
+    manifest = canonical_manifest(bundle, ids, seed=seed[0] if seed else None,
+                                  overlay_files=files[0] if files else None)
+    return ResolvedBundle(bundle=bundle, manifest=manifest, digest=digest_of(manifest), image_ids=ids,
+                          seed_root=seed[1] if seed else None, files_root=files[1] if files else None)
 
 
 async def resolve_images(provider: Provider, refs: list[str]) -> dict[str, str | None]:

@@ -12,21 +12,29 @@ from softprobe.gym.bundles.digest import ResolvedBundle, resolve_bundle
 from softprobe.gym.bundles.loading import load_bundle
 from softprobe.gym.providers.base import Provider
 
-#: What a bundle sets of a host; passing one of them too is a conflict.
+#: The :class:`~softprobe.gym.episodes.config.HostConfig` fields a bundle sets; passing the
+#: ``create_host_environment`` keyword of one of them too is a conflict (``world`` is set by the
+#: ``tools``, ``tool_files``, ``services`` and ``network`` keywords).
 BUNDLE_OPTIONS = ("image", "seed_root", "world", "capabilities", "container", "max_steps", "tool_timeout_s",
                   "max_tool_timeout_s", "bundle_digest")
 
 
 def resolve_now(bundle: str | Path | Bundle | ResolvedBundle, *, provider: Provider | None,
                 docker_host: str | None = None) -> ResolvedBundle:
-    """Load (a path) and resolve ``bundle`` against ``provider`` (default: the Docker engine
-    at ``docker_host``), from synchronous code, even with an event loop running in this thread.
+    """Load (a path) and resolve ``bundle`` against ``provider`` (default: a Docker provider of
+    its own for ``docker_host``, closed after), from synchronous code, even with an event loop
+    running in this thread; then save it in the bundle store (idempotent), so
+    ``softprobe-gym bundle inspect DIGEST`` finds every digest a run records.
 
     Raises:
-        BundleError: the bundle is invalid, or an image it names is missing.
+        BundleError: the bundle is invalid, an image it names is missing, or the store cannot
+            be written.
         DockerUnavailableError: no engine answers (default provider only).
     """
+    from softprobe.gym.bundles.store import save
+
     if isinstance(bundle, ResolvedBundle):
+        save(bundle)
         return bundle
     loaded = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
 
@@ -57,6 +65,7 @@ def resolve_now(bundle: str | Path | Bundle | ResolvedBundle, *, provider: Provi
     worker.join()
     if failure:
         raise failure[0]
+    save(outcome[0])
     return outcome[0]
 
 

@@ -3,6 +3,7 @@ as ``FILE:LINE:COL: field: what``, all of them at once in one :class:`BundleErro
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -15,7 +16,7 @@ from softprobe.gym.errors import BundleError, ConfigurationError
 from softprobe.gym.providers.archive import build_overlay_archive
 from softprobe.gym.settings import Capabilities
 from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, World
-from softprobe.gym.yamllines import Loc, LocatedYaml, YamlFileError, read_yaml
+from softprobe.gym.yamllines import Loc, LocatedYaml, YamlFileError, error_message, read_yaml
 
 
 def load_bundle(path: str | Path) -> Bundle:
@@ -48,8 +49,22 @@ def load_bundle(path: str | Path) -> Bundle:
     try:
         manifest = BundleManifest.model_validate(doc.data)
     except ValidationError as err:
-        raise BundleError("invalid bundle", doc.validation_problems(err, describe=_describe)) from None
+        raise BundleError("invalid bundle", _by_line(doc.validation_problems(err, describe=_describe))) from None
     return _Checker(root, doc, manifest).bundle()
+
+
+_WHERE = re.compile(r"^(?P<file>.*?):(?P<line>\d+):(?P<col>\d+): ")
+
+
+def _by_line(problems: list[str]) -> list[str]:
+    """``problems`` in file order: bundle.yaml's first, then the Compose file's, each by (line, col)."""
+    def key(problem: str) -> tuple[int, str, int, int]:
+        found = _WHERE.match(problem)
+        if found is None:
+            return (1, "", 0, 0)
+        is_manifest = found["file"].endswith(MANIFEST_NAME)
+        return (0 if is_manifest else 1, found["file"], int(found["line"]), int(found["col"]))
+    return sorted(problems, key=key)
 
 
 def _describe(loc: Loc, error: dict[str, Any]) -> str | None:
@@ -98,9 +113,9 @@ class _Checker:
                 world = World(tools=ToolOverlay(tools=manifest.overlay.tools, files_root=overlay_files),
                               services=tuple(services), network=network)
             except ValidationError as err:  # what the checks above did not foresee
-                self.problems += [doc.problem((), e["msg"].removeprefix("Value error, ")) for e in err.errors()]
+                self.problems += [doc.problem((), error_message(e["msg"])) for e in err.errors()]
         if self.problems or world is None:
-            raise BundleError("invalid bundle", self.problems)
+            raise BundleError("invalid bundle", _by_line(self.problems))
         return Bundle(root=self.root, manifest=manifest, world=world, seed_root=seed, builds=builds)
 
     # -- paths -----------------------------------------------------------------------------------
@@ -166,13 +181,13 @@ class _Checker:
         specs, builds = [], {}
         for entry in parsed:
             fields: dict[str, Any] = dict(entry.fields)
-            if entry.build is not None:
-                context = self.folder((*entry.loc, "build"), str(entry.build.context.relative_to(path.parent)),
-                                      path.parent, compose)
+            if entry.build is not None and entry.build_context is not None:
+                context = self.folder((*entry.loc, "build"), entry.build_context, path.parent, compose)
                 if context is None:
                     continue
                 builds[str(fields["name"])] = BuildSpec(context=context, dockerfile=entry.build.dockerfile)
-                fields["image"] = build_tag(manifest.name, str(fields["name"]))
+                # Compose's meaning of image + build: build, and tag the result as image.
+                fields.setdefault("image", build_tag(manifest.name, str(fields["name"])))
             try:
                 specs.append(ServiceSpec.model_validate(fields))
             except ValidationError as err:

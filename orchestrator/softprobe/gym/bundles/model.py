@@ -44,7 +44,7 @@ class BundleLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     memory: StrictInt | StrictStr | None = None
-    cpus: StrictFloat | StrictInt | None = Field(default=None, gt=0)
+    cpus: StrictFloat | None = Field(default=None, gt=0)  # 1 and 1.0 alike (an int is taken as a float)
     pids_limit: StrictInt | None = Field(default=None, ge=16)
     nofile: StrictInt | None = Field(default=None, ge=64)
     max_file_size: StrictInt | StrictStr | None = None
@@ -71,8 +71,8 @@ class EpisodePolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_steps: StrictInt | None = Field(default=None, ge=1)
-    tool_timeout_s: StrictFloat | StrictInt = Field(default=30.0, gt=0)
-    max_tool_timeout_s: StrictFloat | StrictInt = Field(default=600.0, gt=0)
+    tool_timeout_s: StrictFloat = Field(default=30.0, gt=0)  # 30 and 30.0 alike
+    max_tool_timeout_s: StrictFloat = Field(default=600.0, gt=0)
 
     @model_validator(mode="after")
     def _ordered(self) -> EpisodePolicy:

@@ -1,6 +1,8 @@
-"""Where ``softprobe-gym bundle build`` keeps each built bundle's canonical manifest, so
-``bundle inspect sha256:...`` finds it: ``$SOFTPROBE_GYM_BUNDLE_STORE``, default
-``~/.cache/softprobe-gym/bundles/``, one ``<64 hex>.json`` per digest."""
+"""The bundle store: every bundle resolved to run (``bundle build``, ``bundle run``, ``eval``,
+``create_host_environment(bundle=...)``) keeps its canonical manifest here, so
+``bundle inspect sha256:...`` finds any digest a result records: ``$SOFTPROBE_GYM_BUNDLE_STORE``,
+default ``~/.cache/softprobe-gym/bundles/``, one ``<64 hex>.json`` per digest, and the seed and
+overlay snapshots in ``trees/`` (see :mod:`.trees`)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from softprobe.gym.bundles.digest import ResolvedBundle
+from softprobe.gym.bundles.trees import STORE_ENV, store_dir
 from softprobe.gym.errors import BundleError
 
-#: Environment variable naming the store folder.
-STORE_ENV = "SOFTPROBE_GYM_BUNDLE_STORE"
 _PREFIX = re.compile(r"^(sha256:)?[0-9a-f]{4,64}$")
 
 
@@ -43,14 +44,9 @@ class StoredBundle(BaseModel):
     stored_at: str
 
 
-def store_dir() -> Path:
-    """The store folder (not created)."""
-    configured = os.environ.get(STORE_ENV)
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "softprobe-gym" / "bundles"
-
-
 def save(resolved: ResolvedBundle) -> Path:
-    """Write ``resolved``'s entry (replacing the one of the same digest); return its path.
+    """Write ``resolved``'s entry (replacing the one of the same digest: the manifest is the
+    same, only ``source`` and ``stored_at`` may differ); return its path.
 
     Raises:
         BundleError: the store folder cannot be written.
@@ -88,7 +84,8 @@ def find(digest: str) -> StoredBundle:
     folder = store_dir()
     matches = sorted(folder.glob(f"{prefix}*.json")) if folder.is_dir() else []
     if not matches:
-        raise BundleError(f"no bundle {digest} in the store {folder}; `softprobe-gym bundle build DIR` stores one")
+        raise BundleError(f"no bundle {digest} in the store {folder}; `softprobe-gym bundle build DIR` "
+                          "(or any run of the bundle) stores one")
     if len(matches) > 1:
         names = ", ".join("sha256:" + m.stem[:16] + "..." for m in matches[:5])
         raise BundleError(f"{digest} names {len(matches)} stored bundles ({names}); give more digits")

@@ -33,10 +33,11 @@ from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.providers.archive import build_seed_archive
 from softprobe.gym.providers.docker.baseline import DockerBaseline
-from softprobe.gym.providers.docker.images import BILLING_SERVICE_IMAGE
+from softprobe.gym.providers.docker.images import images_dir
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.settings import RUNTIME_ENV, ContainerSettings
 from softprobe.gym.shim.runtime import Runtime
+from softprobe.gym.worlds import ServiceSpec
 
 if TYPE_CHECKING:
     from softprobe.gym.training.rewards import RewardContext
@@ -208,22 +209,27 @@ async def _resets(host: HostEnvironment, baseline: DockerBaseline, seed: Path, n
     return rows
 
 
-#: The billing world's service (images/support-desk-billing/bundle.yaml), for the world rows.
-BILLING_SERVICE = {
-    "name": "billing", "image": BILLING_SERVICE_IMAGE, "command": ["python3", "-I", "/opt/billing/service.py"],
-    "environment": {"BILLING_PORT": "8080"},
-    "healthcheck": {"test": ["CMD", "python3", "-I", "/opt/billing/health.py"], "interval_s": 0.1, "retries": 150},
-}
+def billing_services() -> tuple[ServiceSpec, ...]:
+    """The services of the shipped billing world (``images/support-desk-billing``), loaded from
+    its bundle, so the world rows time the world that ships.
+
+    Raises:
+        BundleError: the bundle is invalid. ImageBuildError: no ``images/`` folder is found.
+    """
+    from softprobe.gym.bundles import load_bundle
+
+    return load_bundle(images_dir() / "support-desk-billing").world.services
 
 
 async def _world_resets(image: str, tmp: Path, seed: Path, n: _Sizes) -> list[BenchRow]:
-    """Resets of a world of agent + one service (the billing world's) against the
-    single-container world, cold and warm, alternating so both see the same machine."""
+    """Resets of a world of agent + the billing world's service against the single-container
+    world, cold and warm, alternating so both see the same machine."""
     rows = []
+    services = billing_services()
     for label, pool_size in (("cold", 0), ("warm", 2)):
         async with create_host_environment(
             run_root=tmp / f"world-{label}", seed_root=seed, image=image, pool_size=pool_size,
-            services=[BILLING_SERVICE],
+            services=services,
         ) as world, create_host_environment(
             run_root=tmp / f"single-{label}", seed_root=seed, image=image, pool_size=pool_size,
         ) as single:
@@ -237,7 +243,8 @@ async def _world_resets(image: str, tmp: Path, seed: Path, n: _Sizes) -> list[Be
                     if host.pool is not None:
                         await host.pool.wait_ready()
                     times.append(await _timed(functools.partial(host.reset, episode_id="bench")))
-            rows.append(_time_row(f"reset, {label}, agent + 1 service (billing)", f"reset, {label}, one container",
+            served = f"{len(services)} service" + ("s" if len(services) > 1 else "")
+            rows.append(_time_row(f"reset, {label}, agent + {served} (billing)", f"reset, {label}, one container",
                                   ours, raw))
     return rows
 

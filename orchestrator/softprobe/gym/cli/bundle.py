@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 import tempfile
 import time
@@ -38,11 +39,12 @@ def add_bundle_commands(commands: Any) -> None:
         help="validate a bundle, build its Compose build: services, store it and print its digest",
         description=(
             "Validate DIR/bundle.yaml (every problem reported as FILE:LINE:COL), build the image of "
-            "each Compose 'build:' service (tagged softprobe-bundle/<bundle>-<service>:latest; skipped "
-            "when up to date), resolve every image to its id, store the canonical manifest in the "
-            "bundle store ($SOFTPROBE_GYM_BUNDLE_STORE, default ~/.cache/softprobe-gym/bundles/) and "
-            "print the digest on stdout (progress goes to stderr). Images other than build: services "
-            "are never pulled: build or pull them first."
+            "each Compose 'build:' service (tagged as its image:, else "
+            "softprobe-bundle/<bundle>-<service>:latest; skipped when up to date), resolve every "
+            "image to its id, store the canonical manifest in the bundle store "
+            "($SOFTPROBE_GYM_BUNDLE_STORE, default ~/.cache/softprobe-gym/bundles/, with snapshots of "
+            "its seed and overlay folders) and print the digest on stdout (progress goes to stderr). "
+            "Images other than build: services are never pulled: build or pull them first."
         ),
     )
     build.add_argument("folder", type=Path, metavar="DIR", help="the bundle folder")
@@ -54,8 +56,9 @@ def add_bundle_commands(commands: Any) -> None:
         description=(
             "Print the canonical manifest of a bundle as indented JSON, with its digest, name, "
             "source folder and the image ids it resolved to. DIR is validated and resolved against "
-            "the Docker engine now (nothing is built or stored); DIGEST (sha256:<hex>, or a unique "
-            "prefix of 4+ hex digits) is read from the bundle store that `bundle build` writes."
+            "the Docker engine now (nothing is built; like every resolve, it is stored); DIGEST "
+            "(sha256:<hex>, or a unique prefix of 4+ hex digits) is read from the bundle store, "
+            "which holds every bundle that `bundle build`, `bundle run`, `eval` or a host resolved."
         ),
     )
     inspect.add_argument("target", metavar="DIR|DIGEST", help="a bundle folder, or a stored bundle's digest")
@@ -68,7 +71,8 @@ def add_bundle_commands(commands: Any) -> None:
             "Build the bundle's build: services if needed, create a host from the bundle, reset one "
             "episode (with its services), list its tools, run fs.list and then each action of the "
             "bundle's optional 'demo:' list, finalize, destroy, and print each step and where the "
-            "artifacts went (episode.json and result.json carry the bundle digest)."
+            "artifacts went (episode.json and result.json carry the bundle digest). The episode "
+            "runs from the bundle's snapshot in the bundle store."
         ),
     )
     run.add_argument("folder", type=Path, metavar="DIR", help="the bundle folder")
@@ -103,39 +107,25 @@ def build_services(bundle: Bundle, log: Callable[[str], None] = _log) -> None:
                            name=f"bundle:{bundle.name}/{service}", log=log)
 
 
-async def resolve_on_docker(bundle: Bundle) -> ResolvedBundle:
-    """Resolve ``bundle`` against the Docker engine."""
-    from softprobe.gym.bundles import resolve_bundle
-    from softprobe.gym.providers.docker.provider import DockerProvider
-
-    provider = DockerProvider(max_workers=2)
-    try:
-        return await resolve_bundle(bundle, provider)
-    finally:
-        await provider.close()
-
-
 def _run_build(args: argparse.Namespace) -> int:
-    from softprobe.gym.bundles import load_bundle
-    from softprobe.gym.bundles.store import save
+    from softprobe.gym.bundles import load_bundle, resolve_now, store_dir
 
     bundle = load_bundle(args.folder)
     build_services(bundle)
-    resolved = asyncio.run(resolve_on_docker(bundle))
-    stored = save(resolved)
-    _log(f"bundle {bundle.name}: stored {stored}")
+    resolved = resolve_now(bundle, provider=None)  # on the Docker engine; stored
+    _log(f"bundle {bundle.name}: stored in {store_dir()}")
     print(resolved.digest)
     return 0
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from softprobe.gym.bundles import load_bundle
+    from softprobe.gym.bundles import load_bundle, resolve_now
     from softprobe.gym.bundles.store import find
 
     target = Path(args.target)
     if target.exists():
         bundle = load_bundle(target)
-        resolved = asyncio.run(resolve_on_docker(bundle))
+        resolved = resolve_now(bundle, provider=None)
         shown: dict[str, Any] = {
             "digest": resolved.digest, "name": bundle.name, "description": bundle.manifest.description,
             "source": str(bundle.root), "images": dict(resolved.image_ids), "manifest": resolved.manifest,
@@ -147,23 +137,24 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 
 def _run_run(args: argparse.Namespace) -> int:
-    from softprobe.gym.bundles import load_bundle
+    from softprobe.gym.bundles import load_bundle, resolve_now
 
     bundle = load_bundle(args.folder)
     build_services(bundle)
-    resolved = asyncio.run(resolve_on_docker(bundle))
+    resolved = resolve_now(bundle, provider=None)
     asyncio.run(run_bundle_demo(resolved, args.run_root))
     return 0
 
 
 async def run_bundle_demo(resolved: ResolvedBundle, run_root: Path, out: Callable[[str], None] = print) -> None:
     """One episode of the bundle: reset, its tools, ``fs.list``, the ``demo:`` actions, finalize."""
-    from softprobe.gym.cli.demo import _format_step
+    from softprobe.gym.cli.demo import format_step
     from softprobe.gym.episodes.factory import create_host_environment
 
     bundle = resolved.bundle
     run_root.mkdir(parents=True, exist_ok=True)
-    episode_id = f"{bundle.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # A random part too: two runs in the same second share the default --run-root.
+    episode_id = f"{bundle.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     async with create_host_environment(run_root=run_root, bundle=resolved) as host:
         await host.create_episode(episode_id=episode_id)
         reset = await host.reset(episode_id=episode_id)
@@ -175,7 +166,7 @@ async def run_bundle_demo(resolved: ResolvedBundle, run_root: Path, out: Callabl
         actions: list[Any] = [{"type": "tool", "name": "fs.list", "args": {"path": "."}}, *bundle.manifest.demo]
         for action in actions:
             step = await host.step(episode_id=episode_id, action=action)
-            out(_format_step(step))
+            out(format_step(step))
             if step.terminated or step.truncated:
                 break
         done = await host.finalize(episode_id=episode_id)
@@ -187,4 +178,4 @@ async def run_bundle_demo(resolved: ResolvedBundle, run_root: Path, out: Callabl
     out(f"  workspace:  {done.workspace_path}")
 
 
-__all__ = ["add_bundle_commands", "build_services", "resolve_on_docker", "run_bundle_demo"]
+__all__ = ["add_bundle_commands", "build_services", "run_bundle_demo"]

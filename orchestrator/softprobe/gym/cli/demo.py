@@ -62,7 +62,7 @@ async def run_demo(*, image: str, run_root: Path, out: Callable[[str], None] = p
             )
         )
         for step in steps:
-            out(_format_step(step))
+            out(format_step(step))
         done = await host.finalize(episode_id=episode_id)
         await host.destroy(episode_id=episode_id)
     out("")
@@ -74,7 +74,8 @@ async def run_demo(*, image: str, run_root: Path, out: Callable[[str], None] = p
     out(f"  workspace:  {done.workspace_path}")
 
 
-def _format_step(step: StepResult) -> str:
+def format_step(step: StepResult) -> str:
+    """Three lines for a step: the action; its status, time and changed paths; its observation, shortened."""
     action = step.action
     if action.type == "tool":
         called = f"{action.name} {json.dumps(action.args)[:60]}"

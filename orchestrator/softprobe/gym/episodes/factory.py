@@ -20,8 +20,21 @@ from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.settings import Capabilities, ContainerSettings
 from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolDefinition, ToolOverlay, World
+from softprobe.gym.yamllines import dotted, error_message
 
 ModelT = TypeVar("ModelT", ToolDefinition, ServiceSpec, NetworkPolicy)
+
+
+class _Unset:
+    """The default of a keyword a bundle may set: tells "not passed" from "passed its default"."""
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+_UNSET: Any = _Unset()
+#: create_host_environment keywords that set a HostConfig field of another name.
+_FIELD_OF_KEYWORD = {"tools": "world", "tool_files": "world", "services": "world", "network": "world"}
 
 if TYPE_CHECKING:  # bundles import providers lazily; the factory only needs them when given one
     from softprobe.gym.bundles import Bundle, ResolvedBundle
@@ -31,13 +44,13 @@ def create_host_environment(
     *,
     run_root: str | Path,
     seed_root: str | Path | None = None,
-    image: str = DEFAULT_IMAGE,
+    image: str = _UNSET,
     capabilities: Capabilities | dict[str, bool] | None = None,
     on_step: OnStepHook | None = None,
     subject: Any = None,
     container: ContainerSettings | dict[str, Any] | None = None,
-    tool_timeout_s: float = 30.0,
-    max_tool_timeout_s: float = 600.0,
+    tool_timeout_s: float = _UNSET,
+    max_tool_timeout_s: float = _UNSET,
     output_cap_bytes: int = 1024 * 1024,
     max_steps: int | None = None,
     docker_host: str | None = None,
@@ -49,9 +62,9 @@ def create_host_environment(
     workspace_tracking: str = "inotify",
     artifact_budget_bytes: int | None = DEFAULT_ARTIFACT_BUDGET_BYTES,
     checkpoint_budget_bytes: int | None = DEFAULT_CHECKPOINT_BUDGET_BYTES,
-    tools: Sequence[ToolDefinition | dict[str, Any]] = (),
+    tools: Sequence[ToolDefinition | dict[str, Any]] = _UNSET,
     tool_files: str | Path | None = None,
-    services: Sequence[ServiceSpec | dict[str, Any]] = (),
+    services: Sequence[ServiceSpec | dict[str, Any]] = _UNSET,
     network: NetworkPolicy | dict[str, Any] | str | None = None,
     bundle: str | Path | Bundle | ResolvedBundle | None = None,
 ) -> HostEnvironment:
@@ -73,8 +86,9 @@ def create_host_environment(
         subject: needed with ``subject_state_import``: an object with ``export_state(episode_id)``
             and ``import_state(episode_id, state)``, sync or async.
         container: :class:`ContainerSettings` (or a dict of them) to relax the secure defaults.
-        tool_timeout_s: default time limit of a tool call.
-        max_tool_timeout_s: the most a ``shell.exec`` may ask for with its ``timeout_s``.
+        tool_timeout_s: default time limit of a tool call (default 30 s).
+        max_tool_timeout_s: the most a ``shell.exec`` may ask for with its ``timeout_s``
+            (default 600 s).
         output_cap_bytes: bytes of tool output kept per step (head and tail around a marker);
             1 KiB to 32 MiB.
         max_steps: steps after which the episode is truncated (``truncated=True``).
@@ -116,8 +130,11 @@ def create_host_environment(
             ``seed_root``, the world (tools, tool files, services, network), ``capabilities``,
             ``container`` (from its limits), ``max_steps``, ``tool_timeout_s`` and
             ``max_tool_timeout_s``, and its digest is recorded in every ``episode.json`` and
-            ``result.json``. Those keywords must then be left at their defaults. Resolving it
-            asks the provider (the Docker engine by default) for the image ids.
+            ``result.json``. Those keywords must then not be passed (None or an empty list
+            count as not passed). Resolving it asks the provider (the Docker engine by default)
+            for the image ids, snapshots its seed and tool files into the bundle store (the
+            host runs from the snapshots, so later edits of the folder change nothing) and
+            stores its manifest there.
 
     Raises:
         BundleError: the bundle is invalid or names an image the provider does not have (a
@@ -141,9 +158,13 @@ def create_host_environment(
     else:
         options = {
             **given,
+            "image": DEFAULT_IMAGE if image is _UNSET else image,
+            "tool_timeout_s": 30.0 if tool_timeout_s is _UNSET else tool_timeout_s,
+            "max_tool_timeout_s": 600.0 if max_tool_timeout_s is _UNSET else max_tool_timeout_s,
             "capabilities": Capabilities() if capabilities is None else capabilities,
             "container": ContainerSettings() if container is None else container,
-            "world": world_of(tools=tools, tool_files=tool_files, services=services, network=network),
+            "world": world_of(tools=() if tools is _UNSET else tools, tool_files=tool_files,
+                              services=() if services is _UNSET else services, network=network),
         }
     config = HostConfig.parse(
         run_root=run_root, on_step=on_step, subject=subject,
@@ -156,22 +177,16 @@ def create_host_environment(
     return open_host(config)
 
 
-# What each keyword a bundle sets defaults to: a different value passed with a bundle conflicts.
-_BUNDLE_SET_DEFAULTS: dict[str, Any] = {
-    "image": DEFAULT_IMAGE, "seed_root": None, "capabilities": None, "container": None, "tool_timeout_s": 30.0,
-    "max_tool_timeout_s": 600.0, "max_steps": None, "tools": (), "tool_files": None, "services": (), "network": None,
-}
-
-
 def _bundle_options(
     bundle: Any, given: dict[str, Any], provider: Provider | None, docker_host: str | None
 ) -> dict[str, Any]:
     """The HostConfig fields ``bundle`` sets, after checking no keyword conflicts with them."""
-    from softprobe.gym.bundles.host import host_options
+    from softprobe.gym.bundles.host import BUNDLE_OPTIONS, host_options
 
     conflicts = sorted(
         name for name, value in given.items()
-        if not (value == _BUNDLE_SET_DEFAULTS[name] or (isinstance(value, (list, tuple)) and not value))
+        if _FIELD_OF_KEYWORD.get(name, name) in BUNDLE_OPTIONS
+        and not (value is _UNSET or value is None or (isinstance(value, (list, tuple)) and not value))
     )
     if conflicts:
         raise ConfigurationError(
@@ -200,19 +215,15 @@ def world_of(
         network = {"mode": "services" if services else "none"}
     problems: list[str] = []
 
-    def checked(model: type[ModelT], value: Any, where: str) -> ModelT | None:
+    def checked(model: type[ModelT], value: Any, *where: str | int) -> ModelT | None:
         try:
             return model.model_validate(value)
         except ValidationError as err:
-            problems.extend(f"{where}{_field(error['loc'])}: {_message(error['msg'])}" for error in err.errors())
+            problems.extend(_problems(err, where, value))
             return None
 
-    def named(kind: str, index: int, value: Any) -> str:
-        name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
-        return f"{kind}[{index}]" + (f" ({name!r})" if isinstance(name, str) else "")
-
-    tool_specs = [checked(ToolDefinition, t, named("tools", i, t)) for i, t in enumerate(tools)]
-    service_specs = [checked(ServiceSpec, s, named("services", i, s)) for i, s in enumerate(services)]
+    tool_specs = [checked(ToolDefinition, t, "tools", i) for i, t in enumerate(tools)]
+    service_specs = [checked(ServiceSpec, s, "services", i) for i, s in enumerate(services)]
     policy = checked(NetworkPolicy, network, "network")
     if policy is not None and not problems:
         try:
@@ -225,17 +236,16 @@ def world_of(
                 network=policy,
             )
         except ValidationError as err:
-            problems.extend(f"{_field(error['loc']).lstrip('.') or 'world'}: {_message(error['msg'])}"
+            problems.extend(f"{dotted(tuple(error['loc'])) or 'world'}: {error_message(error['msg'])}"
                             for error in err.errors())
     raise ConfigurationError("invalid world: " + "; ".join(problems))
 
 
-def _field(loc: tuple[Any, ...]) -> str:
-    return "".join(f".{part}" if isinstance(part, str) else f"[{part}]" for part in loc)
-
-
-def _message(msg: str) -> str:
-    return msg.removeprefix("Value error, ")
+def _problems(err: ValidationError, where: tuple[str | int, ...], value: Any) -> list[str]:
+    """``tools.0.args ('billing.refund'): message`` for each error of ``err``."""
+    name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
+    named = f" ({name!r})" if isinstance(name, str) and len(where) > 1 else ""
+    return [f"{dotted((*where, *issue['loc']))}{named}: {error_message(issue['msg'])}" for issue in err.errors()]
 
 
 def open_host(config: HostConfig) -> HostEnvironment:

@@ -81,11 +81,15 @@ class Host(Protocol):
         ``schema.as_function()`` gives the function-calling shape of OpenAI-style APIs, whose
         function names cannot hold dots: ``crm.get_account`` is given as ``crm__get_account``,
         and :func:`~softprobe.gym.episodes.toolspecs.tool_name_for_function` turns a model's
-        call back into the tool's name for a ``{"type": "tool", "name": ...}`` action.
+        call back into the tool's name for a ``{"type": "tool", "name": ...}`` action. The shim
+        enforces only ``required``, each property's ``type`` and ``additionalProperties: false``
+        of a schema; other JSON-Schema keywords (``minimum``, ``enum``, ...) are passed to the
+        model unchecked.
 
         Raises:
             LifecycleError: the episode has no sandbox (not reset yet, finalized or destroyed).
-            ConfigurationError: two tools would have the same function name.
+            ConfigurationError: two tools would have the same function name, or one's function
+                name is over 64 characters.
             EpisodeNotFoundError: this host never had the episode.
         """
         ...

@@ -144,8 +144,15 @@ class ToolSchema(BaseModel):
 def tool_schemas(tools: Sequence[HelloTool]) -> list[ToolSchema]:
     """The schemas of the tools a shim's hello lists, in its order.
 
+    A schema is what the shim publishes for the tool; the shim itself enforces only its
+    ``required``, each property's ``type`` and ``additionalProperties: false`` when a call
+    arrives. Other keywords (``minimum``, ``enum``, ``pattern``, ...) reach the model but are not
+    checked: a tool must validate those itself.
+
     Raises:
-        ConfigurationError: two tools would have the same function name (``a.b`` and ``a__b``).
+        ConfigurationError: two tools would have the same function name (``a.b`` and ``a__b``),
+            or a tool's function name is over 64 characters (an image-declared tool with a long
+            dotted name; an added tool's is refused when it is defined).
     """
     schemas = []
     for tool in tools:
@@ -158,6 +165,11 @@ def tool_schemas(tools: Sequence[HelloTool]) -> list[ToolSchema]:
                                       builtin=tool.builtin))
     seen: dict[str, str] = {}
     for schema in schemas:
+        if not _FUNCTION_NAME.match(schema.function_name):
+            raise ConfigurationError(
+                f"tool {schema.name!r} has no valid function name ({schema.function_name!r} is not "
+                "1-64 letters, digits, '_' or '-'); give it a shorter name in the image's tool manifest"
+            )
         other = seen.setdefault(schema.function_name, schema.name)
         if other != schema.name:
             raise ConfigurationError(

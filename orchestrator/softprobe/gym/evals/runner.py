@@ -34,6 +34,7 @@ from softprobe.gym.training.export import trajectory_steps
 from softprobe.gym.training.rollouts import RolloutSpec, run_rollout, write_seed_files
 from softprobe.gym.training.session import RolloutResult
 from softprobe.gym.training.splits import assert_no_leakage, partition_train_eval
+from softprobe.gym.yamllines import dotted
 
 if TYPE_CHECKING:  # the adapter is imported when grading starts, not with the runner
     from softprobe.gym.bundles import ResolvedBundle
@@ -49,6 +50,8 @@ class TaskRecord(BaseModel):
     duration_ms: float
     rollout: dict[str, Any] | None = None  # RolloutResult as JSON
     bundle_digest: str | None = None  # the environment bundle it ran on
+    # That bundle's assertions as resolved: grading uses these, never the folder as it is later.
+    bundle_assertions: list[dict[str, Any]] | None = None
 
 
 class TaskResult(BaseModel):
@@ -119,7 +122,7 @@ def preflight_suite(suite: Suite, *, check_image: bool = True) -> None:
         resolved = suite.resolve(folder)
         if resolved is not None and not resolved.is_dir():
             what = "does not exist" if not resolved.exists() else "is not a folder"
-            problems.append(f"{suite.where(*loc)}: {_dotted(loc)}: the seed folder {resolved} {what}")
+            problems.append(f"{suite.where(*loc)}: {dotted(loc)}: the seed folder {resolved} {what}")
     for i, task in enumerate(suite.tasks):
         if task.policy is not None:
             try:
@@ -139,30 +142,42 @@ def preflight_suite(suite: Suite, *, check_image: bool = True) -> None:
 
 def _bundle_problems(suite: Suite, *, check_images: bool) -> list[str]:
     """Each bundle of the suite loaded (and, with ``check_images``, resolved on the Docker
-    engine); a problem names the suite line that names the bundle, then the bundle's own."""
-    from softprobe.gym.bundles import load_bundle, resolve_now
+    engine); a problem names the suite line that names the bundle, then the bundle's own. A
+    suite ``limits`` entry that every task's bundle replaces (so it limits nothing) is a
+    problem too, at its line."""
+    from softprobe.gym.bundles import Bundle, load_bundle, resolve_now
     from softprobe.gym.errors import BundleError
 
     problems = []
-    seen: set[Path] = set()
+    loaded: dict[Path, Bundle | None] = {}
     for task in suite.tasks:
         folder = suite.bundle_of(task)
-        if folder is None or folder in seen:
+        if folder is None or folder in loaded:
             continue
-        seen.add(folder)
+        loaded[folder] = None
         loc = suite.bundle_loc(task)
         try:
-            bundle = load_bundle(folder)
+            bundle = loaded[folder] = load_bundle(folder)
             if check_images:
                 resolve_now(bundle, provider=None)
         except BundleError as err:
-            problems.append(f"{suite.where(*loc)}: {_dotted(loc)}: the bundle {folder} cannot run:\n  "
+            problems.append(f"{suite.where(*loc)}: {dotted(loc)}: the bundle {folder} cannot run:\n  "
                             + "\n  ".join(err.problems))
+    for name in sorted(suite.limits.model_fields_set) if "limits" in suite.model_fields_set else []:
+        replacing = []
+        for task in suite.tasks:
+            folder = suite.bundle_of(task)
+            replaced_by = loaded.get(folder) if folder is not None else None
+            # A bundle always sets the container and tool timeout; max_steps only when it says so.
+            if replaced_by is None or (name == "max_steps" and replaced_by.manifest.episode.max_steps is None):
+                break
+            replacing.append(folder)
+        else:
+            named = ", ".join(str(f) for f in dict.fromkeys(replacing))
+            problems.append(f"{suite.where('limits', name)}: limits.{name}: every task runs on a bundle that "
+                            f"sets its own ({named}), so this limit would limit nothing; remove it, or "
+                            "change the bundle's limits or episode policy")
     return problems
-
-
-def _dotted(loc: tuple[str | int, ...]) -> str:
-    return ".".join(str(part) for part in loc)
 
 
 def _fingerprint(task: Task) -> str:
@@ -318,7 +333,7 @@ async def _resolve_bundles(suite: Suite, tasks: list[Task], provider: Provider |
             resolved[folder] = await asyncio.to_thread(resolve_now, folder, provider=provider)
         except BundleError as err:
             loc = suite.bundle_loc(task)
-            raise SuiteError(f"{suite.where(*loc)}: {_dotted(loc)}: the bundle {folder} cannot run:\n  "
+            raise SuiteError(f"{suite.where(*loc)}: {dotted(loc)}: the bundle {folder} cannot run:\n  "
                              + "\n  ".join(err.problems)) from None
     return resolved
 
@@ -347,9 +362,10 @@ async def _run_one(
     """One task's rollout on ``host`` (local or Ray); a failure is the task's record, never raised."""
     started = time.perf_counter()
     digest = bundle.digest if bundle is not None else None
+    assertions = bundle.assertions if bundle is not None else None
     max_steps = suite.limits.max_steps
-    if bundle is not None and bundle.bundle.manifest.episode.max_steps is not None:
-        max_steps = bundle.bundle.manifest.episode.max_steps
+    if bundle is not None and bundle.manifest["episode"]["max_steps"] is not None:
+        max_steps = bundle.manifest["episode"]["max_steps"]
     seed = suite.resolve(task.seed)
     if task.files is not None:  # the task's inline files, as a seed folder of its own
         seed = write_seed_files({rel: text.encode() for rel, text in task.files.items()}, out / "seeds" / task.id)
@@ -364,9 +380,9 @@ async def _run_one(
         result = await run_rollout(host, spec)
     except Exception as err:  # a task's failure is its result; other tasks go on
         return TaskRecord(id=task.id, ok=False, error=f"{type(err).__name__}: {err}", duration_ms=_ms(started),
-                          bundle_digest=digest)
+                          bundle_digest=digest, bundle_assertions=assertions)
     return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=result.model_dump(mode="json"),
-                      bundle_digest=digest)
+                      bundle_digest=digest, bundle_assertions=assertions)
 
 
 async def grade_records(
@@ -383,7 +399,7 @@ async def grade_records(
         path = out / "tasks" / f"{task.id}.json"
         if path.exists():
             records[task.id] = TaskRecord.model_validate_json(path.read_text())
-    extra = _bundle_assertions(suite, tasks)
+    extra = _bundle_assertions(records)
     cases: list[dict[str, Any]] = []
     for task in tasks:
         record = records.get(task.id)
@@ -426,23 +442,30 @@ async def grade_records(
     return SuiteOutcome(results=results, summary=summary, interrupted=interrupted)
 
 
-def _bundle_assertions(suite: Suite, tasks: list[Task]) -> dict[str, list[dict[str, Any]]]:
-    """Task id -> its bundle's assertions (graded with the task's own)."""
-    from softprobe.gym.bundles import load_bundle
+def _bundle_assertions(records: dict[str, TaskRecord]) -> dict[str, list[dict[str, Any]]]:
+    """Task id -> the assertions of the bundle it ran on, as resolved then (graded with the
+    task's own): from its record, or for a record written without them, from the bundle store
+    by the recorded digest. Never from the bundle folder, which may have changed since.
+
+    Raises:
+        SuiteError: a record names a digest the store does not hold.
+    """
+    from softprobe.gym.bundles.store import find
     from softprobe.gym.errors import BundleError
 
-    loaded: dict[Path, list[dict[str, Any]]] = {}
-    found = {}
-    for task in tasks:
-        folder = suite.bundle_of(task)
-        if folder is None:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for task_id, record in records.items():
+        if record.bundle_digest is None:
             continue
-        if folder not in loaded:
-            try:
-                loaded[folder] = [dict(a) for a in load_bundle(folder).manifest.assertions]
-            except BundleError as err:  # it ran, so it was valid: changed since (a resume)
-                raise SuiteError(f"the bundle {folder} changed since its tasks ran: {err}") from None
-        found[task.id] = loaded[folder]
+        if record.bundle_assertions is not None:
+            found[task_id] = record.bundle_assertions
+            continue
+        try:
+            found[task_id] = [dict(a) for a in find(record.bundle_digest).manifest["assertions"]]
+        except BundleError as err:
+            raise SuiteError(f"task {task_id} ran on bundle {record.bundle_digest}, whose assertions are neither "
+                             f"in its record nor in the bundle store: {err}; run the task again "
+                             "(without --resume)") from None
     return found
 
 

@@ -24,8 +24,10 @@ tasks:
 
 A task with a bundle runs on a host made from it: the bundle's image, seed, tools, services,
 network, limits, capabilities and episode policy replace the suite's ``image``, ``seed`` and
-``limits`` (a task's own ``seed``/``files`` still replace the bundle's seed), and the bundle's
-assertions are added to the task's.
+``limits`` (a task's own ``seed``/``files`` still replace the bundle's seed; the suite's
+``limits.max_steps`` still holds when the bundle's episode policy sets none), and the bundle's
+assertions, as resolved when the run started, are added to the task's. A ``limits`` entry that
+no task uses (every task's bundle replaces it) is refused by the preflight, at its line.
 """
 
 from __future__ import annotations
