@@ -23,7 +23,7 @@ HERE = Path(__file__).parents[1]  # tests/, where orphan_host.py is
 def start_orphan(tmp_path: Path) -> subprocess.Popen:
     """Run orphan_host.py until it has episodes and a checkpoint."""
     child = subprocess.Popen(
-        [sys.executable, str(HERE / "orphan_host.py"), str(tmp_path / "orphan-run"), SUPPORT_DESK],
+        [sys.executable, str(HERE / "orphan_host.py"), str(tmp_path / "orphan-run"), SUPPORT_DESK, "--world"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
