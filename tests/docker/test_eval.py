@@ -34,9 +34,13 @@ def example_run(tmp_path_factory, docker_engine) -> tuple[Path, subprocess.Compl
 def test_the_example_suite_runs_end_to_end(example_run):
     out, done = example_run
     assert done.returncode == 1, done.stderr  # one task fails on purpose
-    assert "4/5 tasks passed (1 failed" in done.stdout
+    assert "5/6 tasks passed (1 failed" in done.stdout
     results = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
-    assert set(results) == {"refund-a42", "no-refund-a7", "list-accounts", "note-from-seed", "wrong-account-fails"}
+    assert set(results) == {"refund-a42", "no-refund-a7", "list-accounts", "note-from-seed", "wrong-account-fails",
+                            "billing-refund-inv1001"}
+    # The billing task ran in its bundle's world; the others in the suite's image.
+    assert results["billing-refund-inv1001"]["bundle_digest"].startswith("sha256:")
+    assert results["refund-a42"].get("bundle_digest") is None
     assert [i for i, r in results.items() if not r["passed"]] == ["wrong-account-fails"]
     assert results["wrong-account-fails"]["reason"] == 'Expected output to contain "A-42"'
     refund = results["refund-a42"]
@@ -45,8 +49,8 @@ def test_the_example_suite_runs_end_to_end(example_run):
     assert refund["trajectory_digest"].startswith("sha256:") and len(refund["source_trace_id"]) == 32
     assert Path(refund["artifacts"], "workspace", "refund-note.md").exists()
     summary = json.loads((out / "summary.json").read_text())
-    assert (summary["planned"], summary["passed"], summary["failed"], summary["pass_rate"]) == (5, 4, 1, 0.8)
-    assert summary["errored"] == 0 and summary["status_counts"]["succeeded"] == 5
+    assert (summary["planned"], summary["passed"], summary["failed"]) == (6, 5, 1)
+    assert summary["errored"] == 0 and summary["status_counts"]["succeeded"] == 6
     for task in results:  # both grading artifacts per task, named in results.jsonl
         assert set(results[task]["grading"]) == {"framework_result", "native_bundle"}
         envelope = json.loads((out / results[task]["grading"]["framework_result"]).read_text())
@@ -63,9 +67,9 @@ def test_resume_skips_finished_tasks(example_run, tmp_path):
     (copy / "tasks" / "list-accounts.json").unlink()
     again = run_eval(str(EXAMPLES / "suite.yaml"), "--out", str(copy), "--resume")
     assert again.returncode == 1
-    assert "resuming: 4 tasks already finished" in again.stderr
+    assert "resuming: 5 tasks already finished" in again.stderr
     assert "list-accounts: finished" in again.stderr and "refund-a42: finished" not in again.stderr
-    assert len((copy / "results.jsonl").read_text().splitlines()) == 5
+    assert len((copy / "results.jsonl").read_text().splitlines()) == 6
 
 
 @pytest.mark.docker

@@ -40,7 +40,7 @@ def test_suite_errors_point_at_lines(tmp_path):
 
 def test_the_example_suite_is_valid():
     suite = load_suite(EXAMPLES / "suite.yaml")
-    assert len(suite.tasks) == 5 and suite.policy(suite.tasks[2])(None, None)["name"] == "crm.list_accounts"
+    assert len(suite.tasks) == 6 and suite.policy(suite.tasks[2])(None, None)["name"] == "crm.list_accounts"
 
 
 def test_the_readme_does_not_claim_a_test_makes_its_screenshot():
