@@ -249,3 +249,40 @@ async def test_without_opentelemetry_episodes_run_and_nothing_is_traced(
         result = await host.finalize(episode_id="ep")
         assert result.source_trace_id == reset.source_trace_id and len(reset.source_trace_id) == 32
     assert exporter.get_finished_spans() == ()
+
+
+async def test_the_applications_global_provider_is_used_when_it_has_set_one(monkeypatch, tmp_path, seed_root,
+                                                                            local_provider):
+    from opentelemetry import trace
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    try:
+        async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root,
+                                           provider=local_provider) as host:
+            await host.create_episode(episode_id="ep")
+            trace_id = (await host.reset(episode_id="ep")).source_trace_id
+        assert {hex_trace(s) for s in memory.get_finished_spans()} == {trace_id}
+    finally:
+        provider.shutdown()
+
+
+def test_otlp_variables_set_up_an_sdk_provider_from_the_standard_configuration(monkeypatch):
+    from softprobe.gym.tracing import provider as choice
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    made = choice._otlp_provider()  # not made global here: that can happen once per process
+    try:
+        assert isinstance(made, TracerProvider)
+        assert made.resource.attributes["service.name"] == "softprobe-gym"
+    finally:
+        made.shutdown()
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "my-evals")
+    made = choice._otlp_provider()
+    try:
+        assert made.resource.attributes["service.name"] == "my-evals"
+    finally:
+        made.shutdown()
