@@ -8,6 +8,7 @@ else the machine does affects both sides alike. Rows:
 - a checkpoint vs ``docker commit``; forks by prefix re-execution (N=1, 10) and checkpoint import;
 - K episodes stepping at once (K = 1, 8, 32, 64): steps/s, vs raw shim round trips on the same
   containers (the floor: no host bookkeeping);
+- a step with tracing on (OpenTelemetry, spans recorded and dropped) vs off, interleaved;
 - a step after a one-file change in a 10,000-file workspace vs the same in an empty one;
 - memory of an idle episode (its container and the host's share);
 - a full support-desk training rollout, end to end.
@@ -18,6 +19,7 @@ Ratios, not absolute times, are what carry from one machine to another.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import statistics
 import tempfile
@@ -37,6 +39,7 @@ from softprobe.gym.providers.docker.images import images_dir
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.settings import RUNTIME_ENV, ContainerSettings
 from softprobe.gym.shim.runtime import Runtime
+from softprobe.gym.tracing import discarding_provider, use_tracer_provider
 from softprobe.gym.worlds import ServiceSpec
 
 if TYPE_CHECKING:
@@ -139,6 +142,8 @@ async def run_bench(*, image: str, quick: bool = False, log: Callable[[str], Non
             rows += await _resets(host, baseline, seed, n)
             log("checkpoints and forks")
             rows += await _checkpoints_and_forks(host, baseline, n)
+        log("tracing")
+        rows += await _tracing_overhead(image, Path(tmp), seed, n["steps"])
         log("worlds with a service")
         rows += await _world_resets(image, Path(tmp), seed, n)
         log("concurrency")
@@ -207,6 +212,37 @@ async def _resets(host: HostEnvironment, baseline: DockerBaseline, seed: Path, n
         warm.append(await _timed(lambda: host.reset(episode_id="bench")))
     rows.append(_time_row("reset, warm (from the pool)", "docker create+put_archive+start", warm, raw))
     return rows
+
+
+async def _tracing_overhead(image: str, tmp: Path, seed: Path, steps: int) -> list[BenchRow]:
+    """A step on a host that traces (every span recorded, then dropped) next to one on a host
+    that does not, interleaved; none without opentelemetry-sdk."""
+    provider = discarding_provider()
+    if provider is None:
+        return []
+    async with contextlib.AsyncExitStack() as stack:
+        hosts = []
+        for name, traced in (("off", False), ("on", True)):
+            use_tracer_provider(provider if traced else False)
+            try:
+                host = create_host_environment(run_root=tmp / f"tracing-{name}", seed_root=seed, image=image)
+            finally:
+                use_tracer_provider(None)
+            hosts.append(await stack.enter_async_context(host))
+            await host.create_episode(episode_id="bench")
+            await host.reset(episode_id="bench")
+        off, on = hosts
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        for i in range(steps + 20):  # the first 20 of each warm up; who goes first alternates
+            for name, host in (("off", off), ("on", on)) if i % 2 else (("on", on), ("off", off)):
+                took = await _timed(lambda: host.step(episode_id="bench", action=READ))  # noqa: B023
+                if i >= 20:
+                    times[name].append(took)
+    provider.shutdown()
+    row = _time_row("step fs.read with tracing on", "the same step, tracing off", times["on"], times["off"])
+    row.ratio = round(statistics.median(times["on"]) / statistics.median(times["off"]), 3)
+    row.ratio_meaning = "on/off: the cost of tracing (1.0 = none)"
+    return [row]
 
 
 def billing_services() -> tuple[ServiceSpec, ...]:

@@ -252,8 +252,15 @@ def _run_gc(args: argparse.Namespace) -> int:
 def _run_grade(args: argparse.Namespace) -> int:
     import json
 
-    from softprobe.gym.evals.grading import GRADER_STATUSES, case_for, finished_episodes, format_table, load_assertions
-    from softprobe.promptfoo_adapter import PromptfooAdapterError, grade_cases
+    from softprobe.gym.evals.grading import (
+        GRADER_STATUSES,
+        case_for,
+        finished_episodes,
+        format_table,
+        grade_traced,
+        load_assertions,
+    )
+    from softprobe.promptfoo_adapter import PromptfooAdapterError
 
     # Exit 1 means "some rollouts failed", so every error here is a 2.
     try:
@@ -262,7 +269,7 @@ def _run_grade(args: argparse.Namespace) -> int:
         if not episodes:
             raise GymError(f"no finished episodes under {args.run_dir}/episodes")
         cases = [case_for(folder, assertions, threshold) for folder in episodes]
-        results = asyncio.run(grade_cases(cases, backend=args.backend))
+        results = asyncio.run(grade_traced(cases, backend=args.backend))
     except (GymError, PromptfooAdapterError) as err:
         print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2

@@ -121,6 +121,7 @@ class Forker:
         self._admission = admission
         self._checkpoints = checkpoints
         self._subject = subject
+        self._tracing = registry.tracing
 
     async def fork(
         self,
@@ -149,16 +150,21 @@ class Forker:
         )
         child = self._registry.get(handle.episode_id)
         started = time.perf_counter()
-        try:
-            if entry is not None:
-                lineage = await self._import_checkpoint(parent, child, entry)
-            else:
-                lineage = await self._reexecute_prefix(parent, child, int(prefix_length or 0), strict)
-        except BaseException:
-            # A failed fork leaves no trace: no sandbox, no folder, and its id free again.
-            await asyncio.shield(self._host.destroy(episode_id=child.episode_id, cleanup=True))
-            self._registry.forget(child.episode_id)
-            raise
+        branch = entry.record.step_index if entry is not None else int(prefix_length or 0)
+        attributes = {"softprobe.episode.id": child.episode_id, "softprobe.fork.parent": parent.episode_id,
+                      "softprobe.fork.path": fork_path.value, "softprobe.fork.branch_step": branch}
+        # The child's trace (its source_trace_id; its reset adopts it) begins with the fork.
+        async with self._tracing.fork(child.trace, child.source_trace_id, parent.trace, branch, attributes):
+            try:
+                if entry is not None:
+                    lineage = await self._import_checkpoint(parent, child, entry)
+                else:
+                    lineage = await self._reexecute_prefix(parent, child, int(prefix_length or 0), strict)
+            except BaseException:
+                # A failed fork leaves no trace: no sandbox, no folder, and its id free again.
+                await asyncio.shield(self._host.destroy(episode_id=child.episode_id, cleanup=True))
+                self._registry.forget(child.episode_id)
+                raise
         child.lineage = lineage
         self._registry.save(child)
         child.store.write_lineage(lineage.model_dump_json(indent=2))

@@ -9,7 +9,6 @@ through the shim inside it. The host owns every episode's state machine; its fol
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 import uuid
 from pathlib import Path
@@ -62,7 +61,7 @@ class HostEnvironment:
         self._registry = EpisodeRegistry(config, self.host_id)
         self._checkpoints = CheckpointRegistry(provider, self._registry)
         self._admission = Admission(provider, self._registry, self._checkpoints, sweep_on_start=config.sweep_on_start)
-        self._stepper = Stepper(config, self._admission)
+        self._stepper = Stepper(config, self._admission, self._registry.tracing)
         self._forker = Forker(self, self._registry, self._admission, self._checkpoints, subject=config.subject)
         self._closed = False
 
@@ -171,7 +170,8 @@ class HostEnvironment:
         """Start the episode afresh from the seed; see :meth:`Host.reset`."""
         episode = self._registry.get(episode_id)
         episode.require("reset")
-        async with episode.lock:
+        # The span begins the attempt's trace (a new one, or the one a fork began for its child).
+        async with episode.lock, self._registry.tracing.reset(episode.trace) as span:
             episode.require("reset")
             started = time.perf_counter()
             # The old sandbox goes in the background: nothing waits for its removal.
@@ -185,7 +185,7 @@ class HostEnvironment:
             episode.runtime = runtime
             episode.steps = []
             episode.broken = None
-            episode.source_trace_id = secrets.token_hex(16)
+            episode.source_trace_id = span.trace_id or episode.source_trace_id
             episode.initial_digest = episode.workspace_digest = hello.workspace_digest
             episode.state = EpisodeState.READY
             episode.store.start_trajectory()
@@ -217,7 +217,7 @@ class HostEnvironment:
                 "create_host_environment(capabilities={'environment_checkpoint': True, ...})"
             )
         episode.require_usable("checkpoint")
-        async with episode.lock:
+        async with episode.lock, self._registry.tracing.span(episode.trace, "checkpoint"):
             episode.require_usable("checkpoint")
             try:
                 return await self._checkpoints.take(episode, subject=self.config.subject)
@@ -246,7 +246,7 @@ class HostEnvironment:
         """Seal the episode and collect its records; see :meth:`Host.finalize`."""
         episode = self._registry.get(episode_id)
         episode.require("finalize")
-        async with episode.lock:
+        async with episode.lock, self._registry.tracing.span(episode.trace, "finalize", closes=True):
             episode.require("finalize")
             store = episode.store
             await asyncio.to_thread(store.clear_workspace)
@@ -305,6 +305,7 @@ class HostEnvironment:
         episode = self._registry.get(episode_id)
         if episode.state is not EpisodeState.DESTROYED:
             episode.state = EpisodeState.DESTROYED
+            self._registry.tracing.end(episode.trace)
             await self._admission.drop(episode, release=True)
             # Sandboxes a failed start may have left behind carry the episode's labels too.
             await self._admission.remove_leftovers(episode_id)

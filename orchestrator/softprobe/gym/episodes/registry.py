@@ -21,6 +21,7 @@ from softprobe.gym.errors import ConfigurationError, EpisodeBrokenError, Episode
 from softprobe.gym.providers.base import SandboxSpec
 from softprobe.gym.results import EpisodeState, StepResult
 from softprobe.gym.shim.runtime import Runtime
+from softprobe.gym.tracing import EpisodeTrace, current_tracing
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Episode:
     seed_root: Path | None = None  # overrides the host's seed_root
     # Names this attempt (renewed by every reset): in result.json and on every trajectory line.
     source_trace_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    trace: EpisodeTrace = field(default_factory=EpisodeTrace)  # its spans (softprobe.gym.tracing)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def require(self, operation: str) -> None:
@@ -77,6 +79,8 @@ class EpisodeRegistry:
         self.config = config
         self.host_id = host_id
         self._episodes: dict[str, Episode] = {}
+        # The episodes' spans: off unless OpenTelemetry is installed and has a provider.
+        self.tracing = current_tracing()
 
     def __contains__(self, episode_id: object) -> bool:
         return episode_id in self._episodes
@@ -90,6 +94,7 @@ class EpisodeRegistry:
 
     def add(self, episode: Episode) -> None:
         self._episodes[episode.episode_id] = episode
+        episode.trace.attributes.update({"softprobe.episode.id": episode.episode_id, "softprobe.host.id": self.host_id})
 
     def forget(self, episode_id: str) -> None:
         """Drop an episode that never existed for the caller (a failed fork's child)."""

@@ -16,6 +16,7 @@ from softprobe.gym.errors import GymError, OnStepHookError, SandboxLostError
 from softprobe.gym.results import EpisodeState, StepError, StepResult
 from softprobe.gym.shim.protocol import CallResult
 from softprobe.gym.shim.runtime import Runtime
+from softprobe.gym.tracing import SpanHandle, Tracing
 
 #: ``score(result)``: run on a step's result before its trajectory line is written.
 Score = Callable[[StepResult], Awaitable[None]]
@@ -24,15 +25,17 @@ Score = Callable[[StepResult], Awaitable[None]]
 class Stepper:
     """Takes steps for one host."""
 
-    def __init__(self, config: HostConfig, admission: Admission) -> None:
+    def __init__(self, config: HostConfig, admission: Admission, tracing: Tracing) -> None:
         self._config = config
         self._admission = admission
+        self._tracing = tracing
 
     async def step(self, episode: Episode, action: object, *, score: Score | None) -> StepResult:
         """See :meth:`HostEnvironment.step`."""
         episode.require_usable("step")
         parsed = parse_action(action)
-        async with episode.lock:
+        # The step's span is current while it runs: spans of instrumented hooks and reward code join it.
+        async with episode.lock, self._tracing.span(episode.trace, "step", current=True) as span:
             runtime = episode.live_runtime("step")
             started = time.perf_counter()
             index = len(episode.steps) + 1
@@ -41,7 +44,7 @@ class Stepper:
                 error: StepError | None = None
                 diagnostics: dict[str, Any] = {"workspace_digest": episode.workspace_digest, "changed_paths": []}
             else:
-                call = await self._call_tool(episode, runtime, parsed)
+                call = await self._call_tool(episode, runtime, parsed, span)
                 episode.require_not_destroyed("step")
                 observation, error, diagnostics = call.observation, call.error, call.diagnostics
                 episode.workspace_digest = diagnostics["workspace_digest"]
@@ -69,6 +72,7 @@ class Stepper:
                     score_error = err
                 episode.require_not_destroyed("step")
             result.duration_ms = round((time.perf_counter() - started) * 1000, 3)
+            span.record_step(result)
             episode.steps.append(result)
             episode.store.append_step(result)
             episode.state = EpisodeState.TERMINATED if terminated or truncated else EpisodeState.RUNNING
@@ -82,17 +86,20 @@ class Stepper:
             raise score_error
         return result
 
-    async def _call_tool(self, episode: Episode, runtime: Runtime, action: ToolAction) -> CallResult:
+    async def _call_tool(self, episode: Episode, runtime: Runtime, action: ToolAction, span: SpanHandle) -> CallResult:
         timeout_s = self._config.tool_timeout_s
         asked = action.args.get("timeout_s")
         if action.name == "shell.exec" and isinstance(asked, (int, float)) and not isinstance(asked, bool):
             timeout_s = min(max(float(asked), 0.001), self._config.max_tool_timeout_s)
         try:
-            return await runtime.call_tool(
-                tool=action.name, args=dict(action.args), timeout_s=timeout_s, output_cap=self._config.output_cap_bytes
+            call = await runtime.call_tool(
+                tool=action.name, args=dict(action.args), timeout_s=timeout_s,
+                output_cap=self._config.output_cap_bytes, traceparent=span.traceparent(),
             )
         except SandboxLostError as err:
             raise await self._admission.mark_broken(episode, str(err)) from err
+        span.shim_timings(call.diagnostics, time.time_ns())
+        return call
 
     async def _run_hook(
         self, episode: Episode, runtime: Runtime, action: ToolAction | TerminateAction, result: StepResult

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from pydantic import ValidationError
 from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.results import StepResult
 from softprobe.gym.text import terminal_safe
+from softprobe.gym.tracing import GradingRun, record_grading
 from softprobe.gym.training.export import final_output_of, trajectory_digest, trajectory_steps
 
 
@@ -77,6 +80,38 @@ def case_for(episode_dir: Path, assertions: list[dict[str, Any]], threshold: flo
             f"the rollout of {episode_id} stopped on an error (its container broke, or rollout.json "
             "says terminated_reason 'error'); nothing was graded")} if broke else None,
     }
+
+
+async def grade_traced(cases: list[dict[str, Any]], *, backend: Any = "auto") -> list[Any]:
+    """``promptfoo_adapter.grade_cases``, then a grading trace per graded rollout: a root span
+    ``grade`` whose trace id is the outcome's ``evaluator_trace_id``, linked ``derived_from`` its
+    ``source_trace_id`` (nothing when tracing is off; see :mod:`softprobe.gym.tracing`).
+
+    Raises:
+        What ``grade_cases`` raises.
+    """
+    from softprobe.promptfoo_adapter import grade_cases
+
+    started = time.time_ns()
+    outcomes = await grade_cases(cases, backend=backend)
+    record_grading(grading_runs(outcomes), started)
+    return outcomes
+
+
+def grading_runs(outcomes: Iterable[Any]) -> list[GradingRun]:
+    """What each outcome's grading trace records: its trace link, verdict and score."""
+    runs = []
+    for outcome in outcomes:
+        attributes: dict[str, str | bool | float] = {
+            "softprobe.grade.attempt_id": outcome.attempt_id, "softprobe.grade.status": outcome.status,
+            "softprobe.grade.passed": outcome.passed, "softprobe.grade.backend": outcome.backend,
+        }
+        if outcome.score is not None:
+            attributes["softprobe.grade.score"] = outcome.score
+        for link in outcome.framework_result.trace_links:
+            attributes["softprobe.grade.source_trace_id"] = link.source_trace_id
+            runs.append(GradingRun(link.evaluator_trace_id, link.source_trace_id, attributes))
+    return runs
 
 
 # Statuses that mean the grader could not do its job (as opposed to a rollout failing or erring).

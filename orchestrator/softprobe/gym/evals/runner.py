@@ -391,8 +391,8 @@ async def grade_records(
     """Grade every recorded rollout in one batch (one that broke as ``subject_error``, with no
     score); write ``grading/<id>/`` (framework-result.json, promptfoo.native.json),
     results.jsonl, summary.json and report.html."""
+    from softprobe.gym.evals.grading import grade_traced
     from softprobe.gym.evals.report import write_report
-    from softprobe.promptfoo_adapter import grade_cases
 
     records = {}
     for task in tasks:
@@ -421,7 +421,7 @@ async def grade_records(
                 "subject_failure": {"status": "cancelled" if error.startswith("CancelledError") else "subject_error",
                                     "reason": error},
             })
-    graded = {g.attempt_id: g for g in await grade_cases(cases, backend=backend)} if cases else {}
+    graded = {g.attempt_id: g for g in await grade_traced(cases, backend=backend)} if cases else {}
     results = []
     for task in tasks:
         record = records.get(task.id)

@@ -9,6 +9,8 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
 
     {"id": 1, "op": "hello", "protocol": 1}
     {"id": 2, "op": "call", "tool": "fs.read", "args": {...}, "timeout_s": 30, "output_cap": 1048576}
+    (a call may carry "traceparent": "00-<32 hex>-<16 hex>-<2 hex>", the W3C trace context the
+    processes it starts get as TRACEPARENT; anything not of that form is ignored)
     {"id": 3, "op": "exists", "path": "notes.md"}
     {"id": 4, "op": "read_text", "path": "notes.md", "max_bytes": 1048576}
     {"id": 5, "op": "overlay", "tools": {"billing.refund": {...manifest entry...}}, "archive": "<base64 tar>"}
@@ -1286,6 +1288,7 @@ class Shim:
         args = request.get("args")
         timeout_s = _bounded_number(request.get("timeout_s"), DEFAULT_TIMEOUT_S, self.limits.max_timeout_s)
         output_cap = int(_bounded_number(request.get("output_cap"), DEFAULT_OUTPUT_CAP, 1 << 30))
+        traceparent = valid_traceparent(request.get("traceparent"))
         usage_before = self.usage()
         diagnostics: dict[str, Any] = {}
         error: dict[str, str] | None = None
@@ -1300,12 +1303,12 @@ class Shim:
                 # more until it shrinks bounds the total at the quota plus one burst.
                 raise ToolError("quota_exceeded", over + "; only fs.delete, fs.read and fs.list run until it shrinks")
             if name == "shell.exec":
-                observation, diagnostics, touched = self.shell_exec(args, timeout_s, output_cap)
+                observation, diagnostics, touched = self.shell_exec(args, timeout_s, output_cap, traceparent)
             elif name in self.builtins:
                 with self.identity.acting_as_agent():  # file tools have the agent's permissions
                     observation, diagnostics, touched = self.builtins[name](args, timeout_s, output_cap)
             elif name in self.declared:
-                observation, diagnostics = self.run_declared(name, args, timeout_s, output_cap)
+                observation, diagnostics = self.run_declared(name, args, timeout_s, output_cap, traceparent)
                 touched = None
             else:
                 known = ", ".join(sorted(list(self.builtins) + list(self.declared)))
@@ -1512,7 +1515,9 @@ class Shim:
             raise ToolError(_os_error_type(err), "cannot delete %r: %s" % (path, err.strerror)) from err
         return "deleted %s" % path, {}, [self.relative(target)]
 
-    def shell_exec(self, args: dict[str, Any], timeout_s: float, output_cap: int) -> ToolResult:
+    def shell_exec(
+        self, args: dict[str, Any], timeout_s: float, output_cap: int, traceparent: str | None = None
+    ) -> ToolResult:
         _check_args(args, required={"command": str}, optional={"timeout_s": (int, float)})
         if "timeout_s" in args:
             if args["timeout_s"] <= 0:
@@ -1523,7 +1528,7 @@ class Shim:
         argv, spawn = self.identity.spawn("agent", ["/bin/sh", "-c", args["command"]])
         exit_code, output, diagnostics = run_process(
             argv, self.workspace, timeout_s, output_cap,
-            spawn=spawn, env=self.agent_env,
+            spawn=spawn, env=_with_traceparent(self.agent_env, traceparent),
             over_quota=self._poll_quota if self._quota_polled() else None,
         )
         text = output.text()
@@ -1538,7 +1543,7 @@ class Shim:
     # -- declared tools ------------------------------------------------------------------------
 
     def run_declared(
-        self, name: str, args: dict[str, Any], timeout_s: float, output_cap: int
+        self, name: str, args: dict[str, Any], timeout_s: float, output_cap: int, traceparent: str | None = None
     ) -> tuple[Any, dict[str, Any]]:
         spec = self.declared[name]
         _check_schema(args, spec.get("args", {}))
@@ -1550,7 +1555,7 @@ class Shim:
         # where the workspace is.
         exit_code, output, diagnostics = run_process(
             argv, "/", timeout_s, output_cap, stdin_data,
-            spawn=spawn, env=self.tool_env,
+            spawn=spawn, env=_with_traceparent(self.tool_env, traceparent),
             over_quota=self._poll_quota if self._quota_polled() else None,
         )
         text = output.text()
@@ -1933,6 +1938,31 @@ def _tool_env(workspace: str) -> dict[str, str]:
     env.update(HOME="/nonexistent", PYTHONNOUSERSITE="1", PYTHONSAFEPATH="1", PYTHONDONTWRITEBYTECODE="1",
                SOFTPROBE_WORKSPACE=workspace)
     return env
+
+
+_LOWER_HEX = frozenset("0123456789abcdef")
+
+
+def valid_traceparent(value: object) -> str | None:
+    """``value`` if it is a W3C ``traceparent`` of version 00 (``00-<32 hex>-<16 hex>-<2 hex>``,
+    lowercase, neither id all zeros), else None: nothing else ever reaches a tool's environment."""
+    if not isinstance(value, str) or len(value) != 55:
+        return None
+    parts = value.split("-")
+    if [len(part) for part in parts] != [2, 32, 16, 2] or parts[0] != "00":
+        return None
+    if not all(set(part) <= _LOWER_HEX for part in parts) or set(parts[1]) == {"0"} or set(parts[2]) == {"0"}:
+        return None
+    return value
+
+
+def _with_traceparent(env: dict[str, str], traceparent: str | None) -> dict[str, str]:
+    """``env`` with ``TRACEPARENT`` set for one call (a copy; ``env`` itself is the shim's)."""
+    if traceparent is None:
+        return env
+    merged = dict(env)
+    merged["TRACEPARENT"] = traceparent
+    return merged
 
 
 def _own_sha256() -> str:

@@ -96,9 +96,9 @@ class ShimClient:
         return _validated(HelloResult, await self._request(HelloRequest(), timeout_s), "hello")
 
     async def call_tool(
-        self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int
+        self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int, traceparent: str | None = None
     ) -> CallResult:
-        request = CallRequest(tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap)
+        request = CallRequest(tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap, traceparent=traceparent)
         return _validated(CallResult, await self._request(request, timeout_s + RESPONSE_GRACE_S), "call")
 
     async def seed(self, archive: bytes) -> HelloResult:

@@ -25,13 +25,16 @@ class HelloRequest(_Request):
 
 
 class CallRequest(_Request):
-    """Run one tool; ``timeout_s`` bounds any process it starts, ``output_cap`` its output."""
+    """Run one tool; ``timeout_s`` bounds any process it starts, ``output_cap`` its output.
+    ``traceparent`` (W3C, optional) goes into the ``TRACEPARENT`` variable of every process the
+    call starts (``shell.exec``, declared tools), so instrumented tools join the step's trace."""
 
     op: Literal["call"] = "call"
     tool: str
     args: dict[str, Any]
     timeout_s: float
     output_cap: int
+    traceparent: str | None = Field(default=None, pattern=r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
 class ExistsRequest(_Request):

@@ -121,7 +121,9 @@ class Runtime:
         """Why the sandbox stopped working, or None while it works."""
         return "the sandbox was removed" if self._removed else self._client.lost
 
-    async def call_tool(self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int) -> CallResult:
+    async def call_tool(
+        self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int, traceparent: str | None = None
+    ) -> CallResult:
         """Run one tool and return its result. Never retried: a tool may have had effects.
 
         Args:
@@ -130,6 +132,8 @@ class Runtime:
             timeout_s: the tool's processes are killed after this long; the result then carries
                 a ``timeout`` error.
             output_cap: bytes of output kept; the rest is cut around a visible marker.
+            traceparent: a W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``) the shim puts
+                into ``TRACEPARENT`` of the processes the call starts; None: none.
 
         Raises:
             SandboxLostError: the sandbox or shim died, or no answer came within ``timeout_s``
@@ -137,7 +141,9 @@ class Runtime:
                 unusable afterwards.
         """
         try:
-            return await self._client.call_tool(tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap)
+            return await self._client.call_tool(
+                tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap, traceparent=traceparent
+            )
         except SandboxLostError as err:
             raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
 
