@@ -16,8 +16,8 @@ test on the discordant pairs) and a paired bootstrap 95% interval of the mean sc
 B - A (tasks scored in both runs; fixed seed, so the same runs always give the same interval).
 
 The CI gate: B *fails* when more than ``threshold`` (a fraction of the paired tasks) went from
-pass to fail or error. The default threshold 0 fails on any such task. Score drops and tasks
-missing from B are reported but never fail the gate.
+pass to fail or error. The default threshold 0 fails on any such task. Other regressions (a
+score drop, fail to error) and tasks missing from B are reported but never fail the gate.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class Comparison(BaseModel):
     mcnemar: McNemar
     bootstrap: Bootstrap | None  # None when no task has a score in both runs
     threshold: float
-    regressed: int  # pairs that went from pass to fail or error
+    newly_failing: int  # pairs that passed in A and not in B (fail or error): what the gate counts
     gate_failed: bool
 
     def by_change(self, *changes: Change) -> list[Pair]:
@@ -271,7 +271,6 @@ def compare_runs(a: Run, b: Run, *, threshold: float = 0.0, resamples: int = 200
     c_count = sum(y and not x for x, y in zip(passed_a, passed_b, strict=True))
     scores_a = [p.a.score for p in pairs if p.a.score is not None]
     scores_b = [p.b.score for p in pairs if p.b.score is not None]
-    regressed = sum(p.change == "regressed" for p in pairs)
     return Comparison(
         a=a, b=b, pairs=pairs,
         only_a=sorted(set(a.tasks) - set(b.tasks)), only_b=sorted(set(b.tasks) - set(a.tasks)),
@@ -281,8 +280,8 @@ def compare_runs(a: Run, b: Run, *, threshold: float = 0.0, resamples: int = 200
         mcnemar=McNemar(b=b_count, c=c_count, p_value=mcnemar_exact(b_count, c_count)),
         bootstrap=bootstrap_mean_delta([p.score_delta for p in pairs if p.score_delta is not None],
                                        resamples=resamples, seed=seed),
-        threshold=threshold, regressed=regressed,
-        gate_failed=n > 0 and regressed / n > threshold,
+        threshold=threshold, newly_failing=b_count,
+        gate_failed=n > 0 and b_count / n > threshold,
     )
 
 

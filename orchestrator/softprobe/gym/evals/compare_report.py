@@ -64,8 +64,8 @@ def gate_line(comparison: Comparison) -> str:
     """What the CI gate decided, and why."""
     n = len(comparison.pairs)
     verdict = "FAILED" if comparison.gate_failed else "passed"
-    share = comparison.regressed / n if n else 0.0
-    return (f"gate {verdict}: {comparison.regressed} of {n} paired tasks ({share * 100:.3g}%) went from pass to "
+    share = comparison.newly_failing / n if n else 0.0
+    return (f"gate {verdict}: {comparison.newly_failing} of {n} paired tasks ({share * 100:.3g}%) went from pass to "
             f"fail or error; the threshold allows {comparison.threshold * 100:.3g}%")
 
 

@@ -2,8 +2,8 @@
 
 Pure functions: numbers in, one ``<svg>`` element out. Every plot has class ``plot`` and a
 ``data-plot`` attribute naming its kind, so a page (and its browser test) can find them. Labels
-passed in are escaped; values that are not finite numbers (``None``, NaN, infinities) are drawn
-as 0, so the SVG never holds ``nan``.
+passed in are escaped; in line plots values that are not finite numbers (``None``, NaN,
+infinities) are drawn as 0 (a histogram leaves them out), so the SVG never holds ``nan``.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def histogram(
     """A histogram of one or more series side by side in each bin (e.g. run A's and B's scores).
 
     Args:
-        series: (name, values) pairs; ``None`` values (tasks without a score) are left out.
+        series: (name, values) pairs; ``None`` values (tasks without a score) and values that are
+            not finite are left out.
         bins: how many equal bins split [low, high]; the last bin includes ``high``. Values
             outside the range widen it (so every value is counted).
         width, height: the SVG's size in pixels.
@@ -129,7 +130,7 @@ def histogram(
     """
     if bins < 1 or not high > low:
         raise ValueError(f"a histogram needs bins >= 1 and high > low (got bins={bins}, [{low}, {high}])")
-    kept = [(name, [finite(v) for v in values if v is not None]) for name, values in series]
+    kept = [(name, [float(v) for v in values if v is not None and math.isfinite(v)]) for name, values in series]
     every = [v for _, values in kept for v in values]
     low, high = min([low, *every]), max([high, *every])
     step = (high - low) / bins
