@@ -1,7 +1,7 @@
 """`softprobe-gym compare` on run folders written by hand (both shapes: eval outputs and graded
 run roots): pairing, regressions and fixes, the first differing step, the statistics, the gate's
 exit codes, and clear errors for folders of neither shape. The compare page in a browser, on
-two real eval runs, is tested in tests/docker/test_compare.py."""
+two real eval runs, is tested in tests/docker/test_compare_browser.py."""
 
 from __future__ import annotations
 

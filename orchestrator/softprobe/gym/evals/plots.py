@@ -15,13 +15,15 @@ from collections.abc import Sequence
 # Series colours: A (or the only series) blue, B orange; more series cycle on.
 COLORS = ["#2e90fa", "#f79009", "#12b76a", "#7a5af8", "#ee46bc", "#f04438"]
 
-# Counts the page's plots that the browser laid out with a non-zero size and writes
+# Marks each of the page's plots with the size the browser laid it out at
+# (``data-rendered="WxH"``; 0x0 inside a closed <details>) and writes
 # ``data-plots="RENDERED/TOTAL"`` on <body>: what a headless-browser test reads from the DOM.
 MEASURE_JS = """
 (function () {
   var plots = document.querySelectorAll('svg.plot'), shown = 0;
   plots.forEach(function (svg) {
     var box = svg.getBoundingClientRect();
+    svg.setAttribute('data-rendered', Math.round(box.width) + 'x' + Math.round(box.height));
     if (box.width > 0 && box.height > 0) shown++;
   });
   document.body.setAttribute('data-plots', shown + '/' + plots.length);
