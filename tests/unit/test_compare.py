@@ -223,6 +223,7 @@ def test_cli_exit_codes_table_json_and_page(two_runs, tmp_path, capsys):
     assert main(["compare", str(a), str(b), "--threshold", "0.25", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["gate_failed"] is False and data["newly_failing"] == 1 and data["a"]["tasks"] == 5
+    assert "steps" not in data["pairs"][0]["a"] and data["pairs"][0]["first_diff"]["index"] == 2
     assert main(["compare", str(a), str(tmp_path)]) == 2
     assert "neither an eval output" in capsys.readouterr().err
     assert main(["compare", str(a), str(b), "--threshold", "2"]) == 2

@@ -43,7 +43,9 @@ def add_compare_command(commands: Any) -> None:
         help="the fraction of paired tasks (0 to 1) allowed to go from pass to fail or error before "
         "the exit code is 1 (default: %(default)s, i.e. any such task fails the gate)",
     )
-    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.add_argument("--json", action="store_true",
+                         help="print the comparison as JSON (each pair without its trajectories, with its "
+                         "first differing step)")
     compare.set_defaults(run=run_compare)
 
 
@@ -63,7 +65,9 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(comparison.model_dump(mode="json", exclude={"a", "b"})
+        # The trajectories stay in the run folders: each pair keeps only its first differing step.
+        trimmed: dict[str, Any] = {"a": True, "b": True, "pairs": {"__all__": {"a": {"steps"}, "b": {"steps"}}}}
+        print(json.dumps(comparison.model_dump(mode="json", exclude=trimmed)
                          | {"a": _run_head(comparison.a), "b": _run_head(comparison.b)}))
     else:
         print(format_comparison(comparison))
