@@ -171,6 +171,9 @@ EXAMPLES = REPO / "images" / "support-desk" / "examples"
 # The screenshot README.md shows. The browser test (tests/docker/test_eval.py) saves its own where
 # SOFTPROBE_SCREENSHOT says (never here on its own: this folder is an image's build context).
 README_SCREENSHOT = EXAMPLES / "report.png"
+# The compare page's screenshot README.md shows (outside any build context); the browser test in
+# tests/docker/test_compare_browser.py saves its own where SOFTPROBE_COMPARE_SCREENSHOT says.
+COMPARE_SCREENSHOT = REPO / "docs" / "compare.png"
 SCREENSHOT_SIZE = (1200, 1500)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -135,6 +136,16 @@ def test_the_report_in_a_real_headless_browser(example_run, tmp_path):
     for task in ("refund-a42", "no-refund-a7", "list-accounts", "note-from-seed", "wrong-account-fails"):
         assert task in dom
     assert "Expected output to contain \"A-42\"" in dom or "Expected output to contain &quot;A-42&quot;" in dom
+    # The plots, measured by the page's own script as the browser laid them out: the score
+    # histogram (5 graded tasks in 10 bins), a reward-per-step sparkline per task in the table
+    # (one point per step), and the components chart of the 3 tasks with checks.
+    assert 'data-plots="9/9"' in dom
+    (hist,) = re.findall(r'<svg class="plot" data-plot="histogram"[^>]*data-rendered="(\d+)x(\d+)"', dom)
+    assert int(hist[0]) >= 360 and int(hist[1]) >= 150 and dom.count('class="bar"') == 10
+    sparklines = re.findall(r'class="reward">([\d.]+) <svg class="plot" data-plot="sparkline"[^>]*'
+                            r'data-rendered="[1-9]\d*x[1-9]\d*"><line[^>]*></line><polyline[^>]*points="([^"]*)"', dom)
+    assert len(sparklines) == 5 and all(len(points.split()) in (2, 3) for _, points in sparklines)
+    assert ("5", 3) in [(total, len(points.split())) for total, points in sparklines]  # refund-a42
     shot = tmp_path / "report.png"
     subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
                     "--window-size={},{}".format(*SCREENSHOT_SIZE), f"--screenshot={shot}", url],

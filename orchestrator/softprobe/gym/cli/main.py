@@ -175,7 +175,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(run=_run_eval)
 
     from softprobe.gym.cli.bundle import add_bundle_commands
+    from softprobe.gym.cli.compare import add_compare_command
 
+    add_compare_command(commands)
     add_bundle_commands(commands)
 
     images = commands.add_parser("images", help="build the project's images")

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-_CSS = """
+from softprobe.gym.evals import plots
+
+PAGE_CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#1d2330;background:#fafbfc}
 h1{font-size:20px;margin:0 0 4px} .muted{color:#667085}
 .cards{display:flex;gap:12px;margin:16px 0;flex-wrap:wrap}
@@ -30,6 +32,7 @@ pre{background:#f6f8fa;border-radius:6px;padding:8px;white-space:pre-wrap;word-b
     max-height:320px;overflow:auto;margin:4px 0}
 .step{border-left:3px solid #d0d5dd;padding-left:10px;margin:8px 0}
 .legend span{margin-right:12px} svg{background:#fff;border:1px solid #eef0f3;border-radius:6px}
+td.reward svg{vertical-align:middle;margin-left:6px} .plots{display:flex;gap:16px;margin:12px 0;flex-wrap:wrap}
 """
 
 _JS = """
@@ -49,17 +52,19 @@ document.querySelectorAll('th[data-key]').forEach(function (th, col) {
   });
 });
 document.getElementById('tasks').setAttribute('data-ready', '1');
-"""
+""" + plots.MEASURE_JS
 
-_COLORS = ["#2e90fa", "#12b76a", "#f79009", "#7a5af8", "#ee46bc", "#f04438", "#0ba5ec", "#66c61c"]
-
-
-def _e(value: Any) -> str:
+def escape(value: Any) -> str:
+    """``value`` (text, or anything as JSON) escaped for HTML text and attribute values."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     return html.escape(text, quote=True)
 
 
-def _clip(text: str, limit: int = 6000) -> str:
+_e = escape
+
+
+def clip(text: str, limit: int = 6000) -> str:
+    """``text``, cut at ``limit`` characters with a note of how many more there were."""
     return text if len(text) <= limit else text[:limit] + f"\n[... {len(text) - limit} more characters]"
 
 
@@ -102,38 +107,17 @@ def _status_line(summary: dict[str, Any]) -> str:
 
 
 def reward_chart(rewards: list[dict[str, Any]], width: int = 520, height: int = 140) -> str:
-    """An inline SVG: each reward component's value over the steps."""
+    """An inline SVG: each reward component's value over the steps (``results.jsonl``'s ``rewards``)."""
     names = sorted({name for r in rewards for name in r["components"]})
     if not rewards or not names:
         return '<p class="muted">No reward components (the task has no checks).</p>'
-    values: list[float] = [v for r in rewards for v in r["components"].values()]
-    low, high = min(values + [0.0]), max(values + [1.0])
-    span = (high - low) or 1.0
-    pad = 24
-    steps = len(rewards)
+    components = [(name, [r["components"].get(name, 0.0) for r in rewards]) for name in names]
+    return plots.line_chart([r["step"] for r in rewards], components, width=width, height=height)
 
-    def x(i: int) -> float:
-        return pad + (width - 2 * pad) * (i / max(steps - 1, 1))
 
-    def y(v: float) -> float:
-        return height - pad - (height - 2 * pad) * ((v - low) / span)
-
-    parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-             'aria-label="reward components">',
-             f'<line x1="{pad}" y1="{y(low)}" x2="{width - pad}" y2="{y(low)}" stroke="#d0d5dd"/>',
-             f'<text x="2" y="{y(high) + 4}" font-size="10" fill="#667085">{high:g}</text>',
-             f'<text x="2" y="{y(low) + 4}" font-size="10" fill="#667085">{low:g}</text>']
-    legend = []
-    for n, name in enumerate(names):
-        color = _COLORS[n % len(_COLORS)]
-        points = " ".join(f"{x(i):.1f},{y(r['components'].get(name, 0.0)):.1f}" for i, r in enumerate(rewards))
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{points}"/>')
-        for i, r in enumerate(rewards):
-            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(r["components"].get(name, 0.0)):.1f}" r="3" fill="{color}">'
-                         f'<title>step {r["step"]}: {_e(name)} = {r["components"].get(name, 0.0):g}</title></circle>')
-        legend.append(f'<span style="color:{color}">&#9632; {_e(name)}</span>')
-    parts.append("</svg>")
-    return "".join(parts) + f'<div class="legend">{"".join(legend)}</div>'
+def step_rewards(rewards: list[dict[str, Any]]) -> list[float]:
+    """The reward of each step (0 for a step that got none), from ``results.jsonl``'s ``rewards``."""
+    return [plots.finite(r.get("reward")) for r in rewards]
 
 
 def _trajectory(record: Any) -> str:
@@ -155,11 +139,18 @@ def _trajectory(record: Any) -> str:
             + (f' <span class="fail">{_e(error.get("type", "error"))}: {_e(error.get("message", ""))}</span>'
                if error else "")
             + f"<pre>{_e(json.dumps(action.get('args', action), ensure_ascii=False))}</pre>"
-            + f"<div class=\"muted\">observation</div><pre>{_e(_clip(shown))}</pre>"
+            + f"<div class=\"muted\">observation</div><pre>{_e(clip(shown))}</pre>"
             + "<div class=\"muted\">diagnostics</div>"
             + f"<pre>{_e(json.dumps(diagnostics, ensure_ascii=False, indent=1))}</pre></div>"
         )
     return "".join(out)
+
+
+def _score_plot(results: list[Any]) -> str:
+    """The distribution of the graded tasks' scores (a task not graded has none)."""
+    scores = [r.score for r in results if getattr(r, "status", "succeeded") == "succeeded" and r.score is not None]
+    return ('<div class="plots"><div><div class="muted">score distribution</div>'
+            f'{plots.histogram([("graded tasks", scores)])}</div></div>')
 
 
 def render_report(suite: Any, summary: dict[str, Any], results: list[Any], records: dict[str, Any]) -> str:
@@ -181,7 +172,8 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
             f'<td data-value="{verdict}" class="{css}">{verdict}</td>'
             + (f'<td data-value="{result.score}">{result.score:.3f}</td>' if result.score is not None
                else '<td data-value="-1" class="muted">-</td>')
-            + f'<td data-value="{result.reward_total}">{result.reward_total:g}</td>'
+            + f'<td data-value="{result.reward_total}" class="reward">{result.reward_total:g} '
+            f"{plots.sparkline([step_rewards(result.rewards)], label=f'reward per step of {result.id}')}</td>"
             f'<td data-value="{result.steps}">{result.steps}</td>'
             f'<td data-value="{result.duration_ms}">{result.duration_ms / 1000:.2f} s</td>'
             f'<td data-value="{_e(_why(result))}">{_e(_why(result))}</td>'
@@ -201,7 +193,7 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
             f"<h3>Reward components</h3>{reward_chart(result.rewards)}"
             f"<h3>Assertions</h3><table><thead><tr><th>type</th><th>result</th><th>score</th><th>reason</th></tr></thead>"
             f"<tbody>{assertion_rows}</tbody></table>"
-            f"<h3>Final output</h3><pre>{_e(_clip(final_output))}</pre>"
+            f"<h3>Final output</h3><pre>{_e(clip(final_output))}</pre>"
             f"<h3>Trajectory</h3>{_trajectory(record)}"
             f'<p class="muted">trajectory digest {_e(result.trajectory_digest or "-")}'
             f' · trace {_e(result.source_trace_id or "-")}'
@@ -213,7 +205,7 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
     return (
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
-        f"<title>{_e(summary['suite'])} — softprobe-gym eval</title><style>{_CSS}</style></head><body>"
+        f"<title>{_e(summary['suite'])} — softprobe-gym eval</title><style>{PAGE_CSS}</style></head><body>"
         f"<h1>{_e(summary['suite'])}</h1><div class=\"muted\">image {_e(summary['image'])} · graded by "
         f"{_e(summary['backend'])} · {_e(summary['finished_at'])}"
         + (" · <b>interrupted</b>" if summary.get("interrupted") else "") + "</div>"
@@ -221,6 +213,7 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
         + "".join(f'<div class="card"><b>{_e(str(v))}</b><span class="muted">{k}</span></div>' for k, v in cards)
         + "</div>"
         + _status_line(summary)
+        + _score_plot(results)
         + f'<table id="tasks"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
         + "<h2>Tasks</h2>" + "".join(details)
         + f"<script>{_JS}</script></body></html>"
