@@ -6,15 +6,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from helpers import EXAMPLES
 
 from softprobe.gym.evals.runner import run_suite
-from softprobe.gym.evals.suite import load_suite
+from softprobe.gym.evals.suite import SuiteError, load_suite
 from softprobe.gym.providers.local import LocalProvider
 
 
 async def test_the_example_suite_runs_on_the_local_provider(tmp_path: Path, desk_provider: LocalProvider) -> None:
     suite = load_suite(EXAMPLES / "suite.yaml")
+    # Its billing task needs a service container, which the local provider refuses, by name:
+    with pytest.raises(SuiteError, match=r"suite.yaml:\d+: tasks.5.bundle: .* cannot run here: the local "
+                                          r"provider runs no services"):
+        await run_suite(suite, tmp_path / "refused", provider=desk_provider, backend="native")
+    assert list((desk_provider.root / "sandboxes").glob("*")) == []
+    suite.tasks = [task for task in suite.tasks if suite.bundle_of(task) is None]
     outcome = await run_suite(suite, tmp_path / "out", provider=desk_provider, backend="native")
     results = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())}
     assert [i for i, r in results.items() if not r["passed"]] == ["wrong-account-fails"]

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.episodes.protocol import Host
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
+from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.evals.suite import Suite, SuiteError, Task
 from softprobe.gym.paths import remove_tree
 from softprobe.gym.providers.base import Provider
@@ -286,7 +287,13 @@ async def run_suite(
             else:  # the bundle sets the image, seed, world, limits and episode policy
                 kept = {k: v for k, v in host_options.items()
                         if k not in ("image", "seed_root", "container", "tool_timeout_s", "max_tool_timeout_s")}
-                hosts[folder] = create_host_environment(**kept, bundle=bundles[folder])
+                try:
+                    hosts[folder] = create_host_environment(**kept, bundle=bundles[folder])
+                except ConfigurationError as err:  # e.g. services on a provider that runs none
+                    task = next(t for t in pending if suite.bundle_of(t) == folder)
+                    loc = suite.bundle_loc(task)
+                    raise SuiteError(f"{suite.where(*loc)}: {dotted(loc)}: the bundle {folder} cannot run "
+                                     f"here: {err}") from None
     except BaseException:
         for made in hosts.values():
             await made.close()
