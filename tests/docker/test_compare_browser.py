@@ -44,6 +44,7 @@ def two_runs(tmp_path_factory, docker_engine) -> tuple[Path, Path]:
     changed.mkdir()
     text = (EXAMPLES / "suite.yaml").read_text()
     assert text.count(ANSWER) == 1, "the example suite changed: update ANSWER"
+    text = text.replace("bundle: ../../support-desk-billing", f"bundle: {EXAMPLES.parents[1] / 'support-desk-billing'}")
     (changed / "suite.yaml").write_text(text.replace(ANSWER, '{type: terminate, output: "Refunded $120 (T-1001)."}'))
     shutil.copyfile(EXAMPLES / "policies.py", changed / "policies.py")
     for suite, out in ((EXAMPLES / "suite.yaml", root / "a"), (changed / "suite.yaml", root / "b")):
@@ -59,10 +60,10 @@ def test_compare_flags_the_regression_and_exits_1(two_runs, tmp_path):
     rows = done.stdout.splitlines()
     assert re.match(r"refund-a42 +pass +1\.000 +FAIL +0\.500 +regressed \(-0\.500\)", rows[2]), rows[2]
     assert "refund-a42: step 3, action differs" in done.stdout
-    assert "pass rate 80% -> 60% (-20 pts) over 5 paired tasks" in done.stdout
-    assert "gate FAILED: 1 of 5 paired tasks (20%)" in done.stdout
+    assert "pass rate 83% -> 67% (-17 pts) over 6 paired tasks" in done.stdout
+    assert "gate FAILED: 1 of 6 paired tasks (16.7%)" in done.stdout
     assert cli("compare", str(a), str(a)).returncode == 0
-    assert cli("compare", str(a), str(b), "--threshold", "0.2").returncode == 0  # 20% is not more than 20%
+    assert cli("compare", str(a), str(b), "--threshold", "0.2").returncode == 0  # 16.7% is not more than 20%
     assert cli("compare", str(b), str(a)).returncode == 0  # B fixes A: no gate failure
     assert (tmp_path / "compare.html").stat().st_size > 5000
 
@@ -86,11 +87,11 @@ def test_the_compare_page_in_a_real_headless_browser(two_runs, tmp_path):
         assert f'data-task="{task}"' in unchanged and f'data-task="{task}"' not in regressions
     # Our script ran under the page's CSP and measured every plot as laid out by the browser:
     # the histogram, a sparkline per task in the tables and one in the regression's details.
-    assert 'data-plots="7/7"' in dom
+    assert 'data-plots="8/8"' in dom
     (hist,) = re.findall(r'<svg class="plot" data-plot="histogram"[^>]*data-rendered="(\d+)x(\d+)"', dom)
     assert int(hist[0]) >= 360 and int(hist[1]) >= 150  # its size, plus the border
     sparklines = re.findall(r'<svg class="plot" data-plot="sparkline"[^>]*data-rendered="(\d+)x(\d+)"', dom)
-    assert len(sparklines) == 6 and all(int(w) > 0 and int(h) > 0 for w, h in sparklines)
+    assert len(sparklines) == 7 and all(int(w) > 0 and int(h) > 0 for w, h in sparklines)
     assert dom.count('class="bar"') == 20  # 10 bins, A and B
     shot = tmp_path / "compare.png"
     subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",

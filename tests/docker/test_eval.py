@@ -133,18 +133,19 @@ def test_the_report_in_a_real_headless_browser(example_run, tmp_path):
     assert console == [], console
     assert "<title>support-desk examples" in dom and "pwned" not in dom.split("<body")[0]
     assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom  # agent text stays text
-    for task in ("refund-a42", "no-refund-a7", "list-accounts", "note-from-seed", "wrong-account-fails"):
+    for task in ("refund-a42", "no-refund-a7", "list-accounts", "note-from-seed", "wrong-account-fails",
+                 "billing-refund-inv1001"):
         assert task in dom
     assert "Expected output to contain \"A-42\"" in dom or "Expected output to contain &quot;A-42&quot;" in dom
     # The plots, measured by the page's own script as the browser laid them out: the score
-    # histogram (5 graded tasks in 10 bins), a reward-per-step sparkline per task in the table
-    # (one point per step), and the components chart of the 3 tasks with checks.
-    assert 'data-plots="9/9"' in dom
+    # histogram (6 graded tasks in 10 bins), a reward-per-step sparkline per task in the table
+    # (one point per step), and the components chart of the 4 tasks with checks.
+    assert 'data-plots="11/11"' in dom
     (hist,) = re.findall(r'<svg class="plot" data-plot="histogram"[^>]*data-rendered="(\d+)x(\d+)"', dom)
     assert int(hist[0]) >= 360 and int(hist[1]) >= 150 and dom.count('class="bar"') == 10
     sparklines = re.findall(r'class="reward">([\d.]+) <svg class="plot" data-plot="sparkline"[^>]*'
                             r'data-rendered="[1-9]\d*x[1-9]\d*"><line[^>]*></line><polyline[^>]*points="([^"]*)"', dom)
-    assert len(sparklines) == 5 and all(len(points.split()) in (2, 3) for _, points in sparklines)
+    assert len(sparklines) == 6 and all(len(points.split()) in (2, 3) for _, points in sparklines)
     assert ("5", 3) in [(total, len(points.split())) for total, points in sparklines]  # refund-a42
     shot = tmp_path / "report.png"
     subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
