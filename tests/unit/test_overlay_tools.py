@@ -400,3 +400,15 @@ def test_tool_schemas_refuse_an_image_tool_whose_function_name_is_too_long() -> 
     name = "image." * 10 + "tool"  # valid for an image manifest, 74 characters as a function name
     with pytest.raises(ConfigurationError, match="has no valid function name"):
         tool_schemas([HelloTool(name=name, builtin=False, args={"type": "object"})])
+
+
+@pytest.mark.parametrize("size", [10, 1 << 20])  # within one pipe buffer, and far beyond it
+async def test_a_tool_that_never_reads_its_arguments_is_fine(tmp_path, local_provider, size):
+    quick = {"name": "quick.exit", "command": [sys.executable, "-c", "print('done')"],
+             "args": {"type": "object", "properties": {"blob": {"type": "string"}}}}
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider, tools=[quick]) as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        result = await host.step(episode_id="ep", action={"type": "tool", "name": "quick.exit",
+                                                          "args": {"blob": "x" * size}})
+        assert result.error is None and result.observation.strip() == "done"

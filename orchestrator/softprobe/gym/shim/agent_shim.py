@@ -67,7 +67,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
     from io import FileIO
-    from typing import Any, NoReturn
+    from typing import IO, Any, NoReturn
 
     #: A workspace entry as the digest sees it: (kind "f"/"d"/"l"/"o", permission bits, content).
     Entry = tuple[str, int, str]
@@ -862,6 +862,23 @@ def _lchown(path: bytes, uid: int, gid: int) -> None:
         pass
 
 
+#: What a pipe holds before a write blocks (Linux's default pipe size).
+PIPE_BUFFER_BYTES = 65536
+
+
+def _feed(pipe: IO[bytes], data: bytes) -> None:
+    """Write ``data`` to a tool's stdin and close it; a tool that exits without reading it
+    (a broken pipe) is its own business, not an error of the shim."""
+    try:
+        pipe.write(data)
+    except OSError:
+        pass
+    try:
+        pipe.close()
+    except OSError:
+        pass
+
+
 def run_process(
     argv: list[str],
     cwd: str,
@@ -900,11 +917,13 @@ def run_process(
         raise ToolError("command_failed", "could not start %s: %s" % (argv[0], reason)) from err
     if stdin_data:
         assert proc.stdin is not None  # stdin=PIPE
-        try:
-            proc.stdin.write(stdin_data)
-        except OSError:
-            pass
-        proc.stdin.close()
+        if len(stdin_data) <= PIPE_BUFFER_BYTES:
+            _feed(proc.stdin, stdin_data)
+        else:
+            # More than the pipe holds: a tool that never reads would block the shim here.
+            import threading  # only here: the shim's start-up stays lean
+
+            threading.Thread(target=_feed, args=(proc.stdin, stdin_data), daemon=True).start()
     output = CappedOutput(output_cap)
     deadline = started + timeout_s
     # A pidfd wakes us the moment the command exits even if a background child it started still
