@@ -181,6 +181,44 @@ class ReplayDivergenceError(ForkVerificationError):
         self.actual_digest = actual_digest
 
 
+class TapeError(GymError):
+    """A dependency tape folder is missing, malformed or inconsistent (a corrupt line before the
+    last, a payload whose bytes do not match its digest)."""
+
+
+class ReplayMissError(TapeError):
+    """Replay found no recorded entry for a dependency call: the call was not run (replay fails
+    closed, never falling back to the live dependency). A step reports it as error type
+    ``replay_miss`` with :meth:`diagnostic` in its diagnostics.
+
+    Attributes:
+        category: the dependency class, e.g. ``TOOL_CALL``.
+        operation: e.g. the tool's name ``billing.refund``.
+        call_site: where the call was made, e.g. ``step:3``.
+        canonical_request_digest: ``sha256:`` of the canonical request.
+        canonical_request: the canonical request itself (JSON text).
+    """
+
+    def __init__(
+        self, message: str, *, category: str, operation: str, call_site: str,
+        canonical_request_digest: str, canonical_request: str,
+    ) -> None:
+        super().__init__(message)
+        self.category = category
+        self.operation = operation
+        self.call_site = call_site
+        self.canonical_request_digest = canonical_request_digest
+        self.canonical_request = canonical_request
+
+    def diagnostic(self) -> dict[str, str]:
+        """The miss as a JSON-ready dict (what a step's ``diagnostics["replay_miss"]`` holds)."""
+        return {
+            "category": self.category, "operation": self.operation, "call_site": self.call_site,
+            "canonical_request_digest": self.canonical_request_digest,
+            "canonical_request": self.canonical_request,
+        }
+
+
 class RewardError(GymError):
     """``reward_from`` raised, returned malformed facts, or its checks changed between steps.
 
@@ -219,6 +257,7 @@ __all__ = [
     "LifecycleError",
     "OnStepHookError",
     "ReplayDivergenceError",
+    "ReplayMissError",
     "RewardError",
     "SandboxError",
     "SandboxLostError",
@@ -226,6 +265,7 @@ __all__ = [
     "ShimReplyError",
     "SplitError",
     "SubjectStateError",
+    "TapeError",
     "UnsafeArchiveError",
     "UnsupportedForkError",
 ]

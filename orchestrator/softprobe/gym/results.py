@@ -162,6 +162,12 @@ class FinalizeResult(BaseModel):
     bundle_digest: str | None = Field(
         default=None, description="the digest of the environment bundle the episode ran (None without one)"
     )
+    closure_report_path: Path | None = Field(
+        default=None,
+        description=(
+            "closure-report.json (softprobe.closure-report/v1): each dependency, who provided it, the run level"
+        ),
+    )
 
 
 class CheckpointRecord(BaseModel):
@@ -179,3 +185,6 @@ class CheckpointRecord(BaseModel):
     workspace_digest: str
     subject_state: Any = None
     created_at: datetime
+    tape_cursor: int | None = Field(
+        default=None, description="entries on the episode's dependency tape when it was taken (None: no tape)"
+    )

@@ -16,6 +16,7 @@ from softprobe.gym.episodes.registry import Episode, EpisodeRegistry
 from softprobe.gym.errors import ForkRequestError, SubjectStateError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.results import CheckpointRecord, StepResult
+from softprobe.gym.tapes.session import TapedCall
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Checkpoint:
     record: CheckpointRecord
     steps: list[StepResult]
     initial_digest: str
+    tape_prefix: list[TapedCall] | None = None  # the episode's tape entries so far (None: no tape)
     users: set[str] = field(default_factory=set)  # episodes whose sandbox runs from it
     released: bool = False  # its episode was destroyed: no new fork can name it
 
@@ -81,8 +83,10 @@ class CheckpointRegistry:
             workspace_digest=workspace_digest,
             subject_state=subject_state,
             created_at=datetime.now(timezone.utc),
+            tape_cursor=episode.tape.cursor if episode.tape and episode.tape.mode != "off" else None,
         )
-        self._entries[checkpoint_id] = Checkpoint(record, list(episode.steps), episode.initial_digest)
+        tape_prefix = list(episode.tape.log) if episode.tape and episode.tape.mode != "off" else None
+        self._entries[checkpoint_id] = Checkpoint(record, list(episode.steps), episode.initial_digest, tape_prefix)
         episode.checkpoints.append(checkpoint_id)
         episode.store.write_checkpoint(checkpoint_id, record.model_dump_json(indent=2))
         return record

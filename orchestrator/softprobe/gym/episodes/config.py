@@ -67,8 +67,11 @@ class HostConfig(BaseModel):
     world: World = Field(default_factory=World)
     #: The ``sha256:`` digest of the environment bundle this host runs, recorded in results.
     bundle_digest: StrictStr | None = None
+    #: Dependency tapes (softprobe.gym.tapes): off, record or replay, and the tape folder.
+    tape_mode: Literal["off", "record", "replay"] = "off"
+    tape: Path | None = None
 
-    @field_validator("run_root", "seed_root")
+    @field_validator("run_root", "seed_root", "tape")
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
         return None if value is None else value.expanduser().resolve()
@@ -87,6 +90,11 @@ class HostConfig(BaseModel):
                 f"need tool_timeout_s <= max_tool_timeout_s (got {self.tool_timeout_s} > "
                 f"{self.max_tool_timeout_s})"
             )
+        if self.tape_mode == "replay":
+            if self.tape is None:
+                raise ValueError("tape_mode='replay' needs tape=<a recorded tape folder>")
+            if not (self.tape / "tape.jsonl").is_file():
+                raise ValueError(f"tape {self.tape} has no tape.jsonl: replay needs a recorded tape folder")
         if self.capabilities.subject_state_import:
             missing = [m for m in ("export_state", "import_state") if not callable(getattr(self.subject, m, None))]
             if missing:

@@ -67,6 +67,8 @@ def create_host_environment(
     services: Sequence[ServiceSpec | dict[str, Any]] = _UNSET,
     network: NetworkPolicy | dict[str, Any] | str | None = None,
     bundle: str | Path | Bundle | ResolvedBundle | None = None,
+    tape_mode: str = "off",
+    tape: str | Path | None = None,
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own sandbox (a Docker container by default).
 
@@ -135,6 +137,14 @@ def create_host_environment(
             for the image ids, snapshots its seed and tool files into the bundle store (the
             host runs from the snapshots, so later edits of the folder change nothing) and
             stores its manifest there.
+        tape_mode: dependency tapes (see the README's "Record and replay a world"): ``"off"``
+            (default), ``"record"`` (each call of an image- or overlay-declared tool runs and is
+            appended to the episode's tape) or ``"replay"`` (each such call is answered from
+            ``tape`` before anything runs; a call the tape lacks fails closed as a step error
+            ``replay_miss``). Every finalize writes ``closure-report.json``.
+        tape: with ``"replay"``, the recorded tape folder (holding ``tape.jsonl``); with
+            ``"record"``, a folder under which each episode records to ``<tape>/<episode_id>/``
+            (default: ``<episode dir>/tape/``).
 
     Raises:
         BundleError: the bundle is invalid or names an image the provider does not have (a
@@ -172,6 +182,7 @@ def create_host_environment(
         provider=provider, sweep_on_start=sweep_on_start,
         pool_size=pool_size, max_containers=max_containers, workspace_tracking=workspace_tracking,
         artifact_budget_bytes=artifact_budget_bytes, checkpoint_budget_bytes=checkpoint_budget_bytes,
+        tape_mode=tape_mode, tape=tape,
         **options,
     )
     return open_host(config)

@@ -32,6 +32,7 @@ from softprobe.gym.errors import (
 )
 from softprobe.gym.results import EpisodeState, StepResult
 from softprobe.gym.settings import Capabilities
+from softprobe.gym.tapes.session import TapedCall
 
 if TYPE_CHECKING:
     from softprobe.gym.episodes.host import HostEnvironment
@@ -149,6 +150,7 @@ class Forker:
             episode_id=child_episode_id, max_steps=parent.max_steps, seed_root=parent.seed_root
         )
         child = self._registry.get(handle.episode_id)
+        child.tape_prefix = _tape_prefix(parent, entry, int(prefix_length or 0))
         started = time.perf_counter()
         branch = entry.record.step_index if entry is not None else int(prefix_length or 0)
         attributes = {"softprobe.episode.id": child.episode_id, "softprobe.fork.parent": parent.episode_id,
@@ -205,6 +207,7 @@ class Forker:
             for step in child.steps:
                 child.store.append_step(step)
             child.initial_digest = entry.initial_digest
+            self._registry.start_tape(child)  # inherits the parent's entries up to the checkpoint
             child.workspace_digest = record.workspace_digest
             child.state = state_after(child.steps)
         return ForkLineage(
@@ -252,6 +255,16 @@ class Forker:
             path="prefix_reexecution",
             workspace_digest=child.workspace_digest,
         )
+
+
+def _tape_prefix(parent: Episode, entry: Checkpoint | None, prefix_length: int) -> tuple[list[TapedCall], int] | None:
+    """The tape entries a child inherits (replayed for a prefix re-execution, so the child's
+    steps match without the services) and its branch step; None when the parent has no tape."""
+    if entry is not None:
+        return None if entry.tape_prefix is None else (list(entry.tape_prefix), entry.record.step_index)
+    if parent.tape is None or parent.tape.mode == "off":
+        return None
+    return parent.tape.prefix_until(prefix_length), prefix_length
 
 
 def state_after(steps: list[StepResult]) -> EpisodeState:

@@ -43,6 +43,7 @@ from softprobe.gym.results import (
 )
 from softprobe.gym.settings import Capabilities
 from softprobe.gym.shim.runtime import Runtime
+from softprobe.gym.tapes.attempt import check_tape_options, write_closure_report
 
 
 class HostEnvironment:
@@ -147,8 +148,12 @@ class HostEnvironment:
         episode_id: str | None = None,
         max_steps: int | None = None,
         seed_root: str | Path | None = None,
+        tape_mode: str | None = None,
+        tape: str | Path | None = None,
     ) -> EpisodeHandle:
-        """Reserve an episode id and its folder; see :meth:`Host.create_episode`."""
+        """Reserve an episode id and its folder; see :meth:`Host.create_episode`. ``tape_mode``
+        and ``tape`` override the host's for this episode (``tape``: exactly the folder to record
+        to or replay)."""
         self._check_open()
         episode_id = validate_episode_id(f"ep-{uuid.uuid4().hex[:12]}" if episode_id is None else episode_id)
         if episode_id in self._registry:
@@ -156,12 +161,14 @@ class HostEnvironment:
                 f"episode {episode_id!r} already exists on this host; pick another id or destroy it first"
             )
         limit = step_limit(max_steps)
+        mode, tape_path = check_tape_options(tape_mode, tape)
         seed = None
         if seed_root is not None:
             seed = Path(seed_root).expanduser().resolve()
             if not seed.is_dir():
                 raise ConfigurationError(f"seed_root {seed} is not a directory")
-        episode = Episode(episode_id, EpisodeStore(self.run_root, episode_id), max_steps=limit, seed_root=seed)
+        episode = Episode(episode_id, EpisodeStore(self.run_root, episode_id), max_steps=limit, seed_root=seed,
+                          tape_mode=mode, tape_path=tape_path)
         episode.store.create(self._registry.record(episode))  # claims the folder, or EpisodeExistsError
         self._registry.add(episode)
         return EpisodeHandle(episode_id=episode_id, state=episode.state, episode_dir=episode.store.dir)
@@ -185,6 +192,7 @@ class HostEnvironment:
             episode.runtime = runtime
             episode.steps = []
             episode.broken = None
+            self._registry.start_tape(episode)
             episode.source_trace_id = span.trace_id or episode.source_trace_id
             episode.initial_digest = episode.workspace_digest = hello.workspace_digest
             episode.state = EpisodeState.READY
@@ -272,6 +280,7 @@ class HostEnvironment:
                 source_trace_id=episode.source_trace_id,
                 egress=egress,
                 bundle_digest=self.config.bundle_digest,
+                closure_report_path=write_closure_report(episode.tape, store.dir),
             )
             store.write_result(result.model_dump_json(indent=2))
             store.close_trajectory()

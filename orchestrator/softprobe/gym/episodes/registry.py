@@ -21,6 +21,9 @@ from softprobe.gym.errors import ConfigurationError, EpisodeBrokenError, Episode
 from softprobe.gym.providers.base import SandboxSpec
 from softprobe.gym.results import EpisodeState, StepResult
 from softprobe.gym.shim.runtime import Runtime
+from softprobe.gym.tapes.attempt import open_session
+from softprobe.gym.tapes.model import TapeMode
+from softprobe.gym.tapes.session import TapedCall, TapeSession
 from softprobe.gym.tracing import EpisodeTrace, current_tracing
 
 
@@ -42,6 +45,10 @@ class Episode:
     lineage: Any = None  # a ForkLineage once forked
     max_steps: int | None = None  # overrides the host's limit
     seed_root: Path | None = None  # overrides the host's seed_root
+    tape_mode: TapeMode | None = None  # overrides the host's tape_mode
+    tape_path: Path | None = None  # overrides the host's tape
+    tape: TapeSession | None = None  # the current attempt's (made by reset)
+    tape_prefix: tuple[list[TapedCall], int] | None = None  # a fork child's inherited entries, branch step
     # Names this attempt (renewed by every reset): in result.json and on every trajectory line.
     source_trace_id: str = field(default_factory=lambda: secrets.token_hex(16))
     trace: EpisodeTrace = field(default_factory=EpisodeTrace)  # its spans (softprobe.gym.tracing)
@@ -124,6 +131,15 @@ class EpisodeRegistry:
             world=self.config.world,
         )
 
+    def start_tape(self, episode: Episode) -> None:
+        """Give the episode a new attempt's tape session (at reset, or a checkpoint fork)."""
+        prefix, branch = episode.tape_prefix or (None, 0)
+        episode.tape = open_session(
+            host_mode=self.config.tape_mode, host_tape=self.config.tape, episode_mode=episode.tape_mode,
+            episode_tape=episode.tape_path, episode_dir=episode.store.dir, episode_id=episode.episode_id,
+            network_mode=self.config.world.network.mode, prefix=prefix, prefix_steps=branch,
+        )
+
     def save(self, episode: Episode) -> None:
         """Rewrite the episode's ``episode.json``."""
         episode.store.write_record(self.record(episode))
@@ -144,6 +160,8 @@ class EpisodeRegistry:
             "source_trace_id": episode.source_trace_id,
             # The environment bundle this host runs (None without one): what world it was.
             "bundle_digest": self.config.bundle_digest,
+            "tape_mode": episode.tape.mode if episode.tape else None,
+            "tape": str(episode.tape.folder.root) if episode.tape and episode.tape.folder else None,
         }
 
 

@@ -16,7 +16,7 @@ from softprobe.gym.errors import GymError, OnStepHookError, SandboxLostError
 from softprobe.gym.results import EpisodeState, StepError, StepResult
 from softprobe.gym.shim.protocol import CallResult
 from softprobe.gym.shim.runtime import Runtime
-from softprobe.gym.tracing import SpanHandle, Tracing
+from softprobe.gym.tracing import SpanHandle, Tracing, parse_traceparent
 
 #: ``score(result)``: run on a step's result before its trajectory line is written.
 Score = Callable[[StepResult], Awaitable[None]]
@@ -44,7 +44,7 @@ class Stepper:
                 error: StepError | None = None
                 diagnostics: dict[str, Any] = {"workspace_digest": episode.workspace_digest, "changed_paths": []}
             else:
-                call = await self._call_tool(episode, runtime, parsed, span)
+                call = await self._through_tape(episode, runtime, parsed, span, index)
                 episode.require_not_destroyed("step")
                 observation, error, diagnostics = call.observation, call.error, call.diagnostics
                 episode.workspace_digest = diagnostics["workspace_digest"]
@@ -85,6 +85,24 @@ class Stepper:
         if score_error is not None:
             raise score_error
         return result
+
+    async def _through_tape(
+        self, episode: Episode, runtime: Runtime, action: ToolAction, span: SpanHandle, index: int
+    ) -> CallResult:
+        """A declared tool's call goes through the episode's tape (recorded, replayed before
+        anything runs, or just observed); a built-in runs live and is noted."""
+        tape = episode.tape
+        declared = any(tool.name == action.name and not tool.builtin for tool in runtime.hello.tools)
+        if tape is None or not declared:
+            if tape is not None:
+                tape.observe_builtin(action.name, dict(action.args), index)
+            return await self._call_tool(episode, runtime, action, span)
+        parsed = parse_traceparent(span.traceparent())
+        return await tape.tool_call(
+            tool=action.name, args=dict(action.args), step=index,
+            causal_parent=parsed[1] if parsed else str(index), workspace_digest=episode.workspace_digest,
+            run=lambda: self._call_tool(episode, runtime, action, span),
+        )
 
     async def _call_tool(self, episode: Episode, runtime: Runtime, action: ToolAction, span: SpanHandle) -> CallResult:
         timeout_s = self._config.tool_timeout_s

@@ -1,0 +1,100 @@
+"""Which tape an episode attempt uses: its mode and folder from the host's and the episode's
+options, and writing its closure report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from softprobe.gym.errors import ConfigurationError
+from softprobe.gym.tapes.model import TapeMode
+from softprobe.gym.tapes.session import TapedCall, TapeSession
+from softprobe.gym.tapes.store import TapeFolder
+
+TAPE_MODES: tuple[TapeMode, ...] = ("off", "record", "replay")
+CLOSURE_REPORT_FILE = "closure-report.json"
+
+
+def check_tape_options(mode: object, tape: object) -> tuple[TapeMode | None, Path | None]:
+    """``(mode, tape folder)`` of an episode's ``tape_mode=``/``tape=`` (None: the host's).
+
+    Raises:
+        ConfigurationError: an unknown mode, a tape that is not a path, or ``replay`` of a
+            folder without ``tape.jsonl``.
+    """
+    if mode is not None and mode not in TAPE_MODES:
+        raise ConfigurationError(f"tape_mode must be one of {', '.join(TAPE_MODES)}, not {mode!r}")
+    if tape is not None and not isinstance(tape, (str, Path)):
+        raise ConfigurationError(f"tape must be a folder path, not {tape!r}")
+    folder = None if tape is None else Path(tape).expanduser().resolve()
+    if mode == "replay" and folder is not None:
+        check_replayable(folder)
+    return mode, folder
+
+
+def check_replayable(folder: Path) -> None:
+    """ConfigurationError unless ``folder`` holds a ``tape.jsonl``."""
+    if not TapeFolder(folder).exists():
+        raise ConfigurationError(
+            f"tape {folder} has no tape.jsonl: replay needs a recorded tape folder (record one with "
+            "tape_mode='record'; by default it is written to <episode dir>/tape)"
+        )
+
+
+def open_session(
+    *,
+    host_mode: TapeMode,
+    host_tape: Path | None,
+    episode_mode: TapeMode | None,
+    episode_tape: Path | None,
+    episode_dir: Path,
+    episode_id: str,
+    network_mode: str,
+    prefix: list[TapedCall] | None = None,
+    prefix_steps: int = 0,
+) -> TapeSession:
+    """The tape session of a new attempt (a reset).
+
+    The episode's options win over the host's. Record writes to the episode's ``tape=``, else
+    ``<host tape>/<episode_id>/``, else ``<episode dir>/tape/``. Replay reads the episode's
+    ``tape=``, else the host's. A fork's child (``prefix`` given) whose parent had a tape
+    records into its own tape whatever the mode: the prefix replayed, then its own calls.
+
+    Raises:
+        ConfigurationError: replay without a tape folder holding ``tape.jsonl``.
+        TapeError: the tape cannot be read or written.
+    """
+    mode: TapeMode = episode_mode or host_mode
+    if prefix is not None and mode == "replay":
+        mode, episode_tape = "record", None
+    if prefix is not None and mode == "off":
+        mode = "record"
+    if mode == "off":
+        return TapeSession("off", None, network_mode=network_mode)
+    if mode == "replay":
+        folder = episode_tape or host_tape
+        if folder is None:
+            raise ConfigurationError("tape_mode='replay' needs tape=<a recorded tape folder>")
+        check_replayable(folder)
+        return TapeSession("replay", TapeFolder(folder), network_mode=network_mode)
+    if episode_tape is not None:
+        target = episode_tape
+    elif host_tape is not None:
+        target = host_tape / episode_id
+    else:
+        target = episode_dir / "tape"
+    return TapeSession("record", TapeFolder(target), network_mode=network_mode, prefix=prefix,
+                       prefix_steps=prefix_steps)
+
+
+def write_closure_report(session: TapeSession | None, episode_dir: Path) -> Path | None:
+    """Write ``closure-report.json`` of ``session`` into ``episode_dir``; its path (None
+    without a session)."""
+    if session is None:
+        return None
+    path = episode_dir / CLOSURE_REPORT_FILE
+    path.write_text(session.closure_report().model_dump_json(by_alias=True, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+__all__ = ["CLOSURE_REPORT_FILE", "TAPE_MODES", "check_replayable", "check_tape_options", "open_session",
+           "write_closure_report"]

@@ -1,0 +1,243 @@
+"""Dependency tapes and closure reports on the local-process provider: a declared tool that
+counts its own runs in a file outside the workspace proves replay never runs it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import tool
+
+from softprobe.gym import ConfigurationError, ReplayMissError, TapeError, create_host_environment
+from softprobe.gym.cli.main import main as cli_main
+from softprobe.gym.tapes import ClosureReport, TapeFolder, canonical_digest, canonical_json, read_entries
+
+COUNTED = '''
+import json, sys
+args = json.load(sys.stdin)
+with open({counter!r}, "a") as f:
+    f.write("run\\n")
+runs = len(open({counter!r}).read().splitlines())
+if args.get("mode") == "fail":
+    sys.stderr.write("lookup failed\\n")
+    sys.exit(3)
+if args.get("mode") == "null":
+    print("null")
+else:
+    print(json.dumps({{"echo": args, "runs": runs}}))
+'''
+
+LOOKUP = {
+    "name": "svc.lookup",
+    "description": "Look something up (counts its runs).",
+    "args": {"type": "object"},
+    "command": [sys.executable, "${SOFTPROBE_OVERLAY}/lookup.py"],
+    "output": "json",
+    "timeout_s": 10,
+}
+ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": False, "deterministic_prefix_reexecution": True}
+
+
+@pytest.fixture
+def counter(tmp_path: Path) -> Path:
+    return tmp_path / "runs.txt"
+
+
+@pytest.fixture
+def tool_files(tmp_path: Path, counter: Path) -> Path:
+    folder = tmp_path / "overlay"
+    folder.mkdir()
+    (folder / "lookup.py").write_text(COUNTED.format(counter=str(counter)))
+    return folder
+
+
+def runs(counter: Path) -> int:
+    return len(counter.read_text().splitlines()) if counter.exists() else 0
+
+
+def _host(tmp_path, provider, tool_files, seed_root, name, **kwargs):  # type: ignore[no-untyped-def]
+    return create_host_environment(
+        run_root=tmp_path / name, provider=provider, tools=[LOOKUP], tool_files=tool_files, seed_root=seed_root,
+        capabilities=ALL_CAPS, **kwargs,
+    )
+
+
+ACTIONS = [
+    tool("svc.lookup", q="alpha", n=1),
+    tool("fs.write", path="note.txt", content="hi"),
+    tool("svc.lookup", mode="fail"),
+    tool("svc.lookup", mode="null"),
+    tool("svc.lookup", q="alpha", n=1),
+]
+
+
+async def _record(tmp_path, provider, tool_files, seed_root):  # type: ignore[no-untyped-def]
+    async with _host(tmp_path, provider, tool_files, seed_root, "rec", tape_mode="record") as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        steps = [await host.step(episode_id="ep", action=a) for a in ACTIONS]
+        final = await host.finalize(episode_id="ep")
+        return steps, final
+
+
+async def test_record_then_replay_is_identical_and_never_runs_the_tool(tmp_path, local_provider, tool_files,
+                                                                        seed_root, counter):
+    recorded, final = await _record(tmp_path, local_provider, tool_files, seed_root)
+    assert runs(counter) == 4
+    tape = final.episode_dir / "tape"
+    assert [e.operation for e in read_entries(tape / "tape.jsonl")] == ["svc.lookup"] * 4
+    assert recorded[0].observation == {"echo": {"q": "alpha", "n": 1}, "runs": 1}
+    assert recorded[2].error is not None and recorded[3].observation is None and recorded[3].error is None
+    report = ClosureReport.model_validate_json(final.closure_report_path.read_text())
+    assert report.run_level == "live"  # the tool ran for real: its clock and randomness were live
+    assert [d.provider for d in report.dependencies if d.category == "TOOL_CALL"] == ["live"] * 4
+    assert json.loads(final.result_path.read_text())["closure_report_path"] == str(final.closure_report_path)
+
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "rep", tape_mode="replay", tape=tape) as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        replayed = [await host.step(episode_id="ep", action=a) for a in ACTIONS]
+        final2 = await host.finalize(episode_id="ep")
+    assert runs(counter) == 4  # not one run more
+    for old, new in zip(recorded, replayed, strict=True):
+        assert (new.observation, new.error) == (old.observation, old.error)
+        assert new.diagnostics["workspace_digest"] == old.diagnostics["workspace_digest"]
+    assert replayed[4].observation["runs"] == 4  # the repeat of the first call: its own (fifth) entry
+    assert [s.diagnostics.get("replayed") for s in replayed] == [True, None, True, True, True]
+    assert replayed[2].error.type == recorded[2].error.type and replayed[2].error.message == recorded[2].error.message
+    assert final2.workspace_digest == final.workspace_digest
+    report2 = ClosureReport.model_validate_json(final2.closure_report_path.read_text())
+    assert report2.run_level == "recorded_external"
+    assert [d.provider for d in report2.dependencies] == ["seeded"] + ["recorded"] * 4
+    assert all(d.available_capabilities == ["tape_replay"] for d in report2.dependencies[1:])
+
+
+async def test_a_changed_argument_misses_with_the_full_diagnostic_and_runs_nothing(tmp_path, local_provider,
+                                                                                   tool_files, seed_root, counter):
+    _, final = await _record(tmp_path, local_provider, tool_files, seed_root)
+    before = runs(counter)
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "rep", tape_mode="replay",
+                     tape=final.episode_dir / "tape") as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        miss = await host.step(episode_id="ep", action=tool("svc.lookup", q="beta", n=1))
+        final2 = await host.finalize(episode_id="ep")
+    assert runs(counter) == before
+    assert miss.error is not None and miss.error.type == "replay_miss"
+    diagnostic = miss.diagnostics["replay_miss"]
+    request = canonical_json({"tool": "svc.lookup", "args": {"q": "beta", "n": 1}}).decode()
+    assert diagnostic == {"category": "TOOL_CALL", "operation": "svc.lookup", "call_site": "step:1",
+                          "canonical_request_digest": canonical_digest(json.loads(request)),
+                          "canonical_request": request}
+    report = ClosureReport.model_validate_json(final2.closure_report_path.read_text())
+    assert report.dependencies[-1].provider == "unsupported" and report.run_level == "live"
+
+
+async def test_replay_needs_a_recorded_tape(tmp_path, local_provider, tool_files, seed_root):
+    with pytest.raises(ConfigurationError, match="tape.jsonl"):
+        _host(tmp_path, local_provider, tool_files, seed_root, "x", tape_mode="replay", tape=tmp_path)
+    with pytest.raises(ConfigurationError, match="tape_mode"):
+        _host(tmp_path, local_provider, tool_files, seed_root, "x", tape_mode="replya")
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "x") as host:
+        with pytest.raises(ConfigurationError, match="tape.jsonl"):
+            await host.create_episode(tape_mode="replay", tape=tmp_path)
+
+
+async def test_fork_prefix_reexecution_replays_the_parent_tape(tmp_path, local_provider, tool_files, seed_root,
+                                                               counter):
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "rec", tape_mode="record") as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        for action in ACTIONS[:3]:
+            await host.step(episode_id="ep", action=action)
+        checkpoint = await host.checkpoint(episode_id="ep")
+        assert checkpoint.tape_cursor == 2
+        assert runs(counter) == 2
+        fork = await host.fork(episode_id="ep", path="prefix_reexecution", prefix_length=3, strict=True)
+        assert runs(counter) == 2  # the prefix was served from the parent's tape
+        child = fork.episode_id
+        after = await host.step(episode_id=child, action=tool("svc.lookup", q="child"))
+        assert after.observation["runs"] == 3 and runs(counter) == 3  # after the branch: live, recorded
+        final = await host.finalize(episode_id=child)
+        await host.finalize(episode_id="ep")
+    entries = read_entries(final.episode_dir / "tape" / "tape.jsonl")
+    assert [(e.sequence, e.call_site) for e in entries] == [(0, "step:1"), (1, "step:3"), (2, "step:4")]
+    assert not TapeFolder(final.episode_dir / "tape").verify()
+    report = ClosureReport.model_validate_json(final.closure_report_path.read_text())
+    assert [d.provider for d in report.dependencies if d.category == "TOOL_CALL"] == ["recorded", "recorded", "live"]
+
+
+async def test_a_hermetic_episode_and_tape_off(tmp_path, local_provider, tool_files, seed_root, counter):
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "off") as host:
+        await host.create_episode(episode_id="fs")
+        await host.reset(episode_id="fs")
+        await host.step(episode_id="fs", action=tool("fs.write", path="a.txt", content="a"))
+        hermetic = await host.finalize(episode_id="fs")
+        await host.create_episode(episode_id="sh")
+        await host.reset(episode_id="sh")
+        await host.step(episode_id="sh", action=tool("shell.exec", cmd="date"))
+        await host.step(episode_id="sh", action=tool("svc.lookup", q="a"))
+        shell = await host.finalize(episode_id="sh")
+        assert not (shell.episode_dir / "tape").exists()
+    report = ClosureReport.model_validate_json(hermetic.closure_report_path.read_text())
+    assert report.run_level == "hermetic" and [d.category for d in report.dependencies] == ["FILESYSTEM"]
+    report = ClosureReport.model_validate_json(shell.closure_report_path.read_text())
+    assert report.run_level == "live"
+    assert [(d.category, d.provider) for d in report.dependencies] == [
+        ("FILESYSTEM", "seeded"), ("CHILD_PROCESS", "live"), ("TOOL_CALL", "live"), ("CLOCK", "live"),
+        ("RANDOM", "live"),
+    ]
+    assert runs(counter) == 1
+
+
+async def test_a_torn_last_line_is_ignored_and_the_tape_still_replays(tmp_path, local_provider, tool_files,
+                                                                     seed_root, counter):
+    recorded, final = await _record(tmp_path, local_provider, tool_files, seed_root)
+    tape = final.episode_dir / "tape"
+    data = (tape / "tape.jsonl").read_bytes()
+    last_start = data.rstrip(b"\n").rfind(b"\n") + 1
+    (tape / "tape.jsonl").write_bytes(data[: last_start + 17])  # a crash in the middle of the last line
+    assert len(read_entries(tape / "tape.jsonl")) == 3
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "rep", tape_mode="replay", tape=tape) as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        replayed = [await host.step(episode_id="ep", action=a) for a in ACTIONS[:4]]
+        await host.finalize(episode_id="ep")
+    assert [(s.observation, s.error) for s in replayed] == [(s.observation, s.error) for s in recorded[:4]]
+    # The fifth call's entry was torn away; the repeat of the first call still has none left.
+    (tape / "tape.jsonl").write_bytes(data[: last_start + 17] + b"\n")
+    with pytest.raises(TapeError, match="line 4"):
+        read_entries(tape / "tape.jsonl")
+
+
+def test_canonical_digest_is_stable_under_key_order() -> None:
+    a = {"tool": "x", "args": {"b": [1, {"y": 2, "x": 1}], "a": "é"}}
+    b = {"args": {"a": "é", "b": [1, {"x": 1, "y": 2}]}, "tool": "x"}
+    assert canonical_json(a) == canonical_json(b) == '{"args":{"a":"é","b":[1,{"x":1,"y":2}]},"tool":"x"}'.encode()
+    assert canonical_digest(a) == canonical_digest(b)
+    assert canonical_digest({"n": 1}) != canonical_digest({"n": 1.0})
+    with pytest.raises(TapeError):
+        canonical_json({"n": float("nan")})
+
+
+async def test_cli_inspect_and_verify(tmp_path, local_provider, tool_files, seed_root, capsys):
+    _, final = await _record(tmp_path, local_provider, tool_files, seed_root)
+    tape = final.episode_dir / "tape"
+    assert cli_main(["tape", "inspect", str(tape)]) == 0
+    out = capsys.readouterr().out
+    assert "TOOL_CALL" in out and "svc.lookup" in out and "4" in out
+    assert cli_main(["tape", "verify", str(tape)]) == 0
+    payload = next((tape / "payloads").iterdir())
+    payload.write_bytes(payload.read_bytes() + b" ")
+    assert cli_main(["tape", "verify", str(tape)]) == 1
+    assert "has digest" in capsys.readouterr().out
+
+
+def test_replay_miss_error_is_a_gym_error() -> None:
+    from softprobe.gym import GymError
+
+    err = ReplayMissError("m", category="TOOL_CALL", operation="o", call_site="step:1",
+                          canonical_request_digest="sha256:0", canonical_request="{}")
+    assert isinstance(err, GymError) and err.diagnostic()["operation"] == "o"
