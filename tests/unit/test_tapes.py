@@ -241,3 +241,84 @@ def test_replay_miss_error_is_a_gym_error() -> None:
     err = ReplayMissError("m", category="TOOL_CALL", operation="o", call_site="step:1",
                           canonical_request_digest="sha256:0", canonical_request="{}")
     assert isinstance(err, GymError) and err.diagnostic()["operation"] == "o"
+
+
+KILLED_HOST = '''
+import asyncio, sys
+from pathlib import Path
+from softprobe.gym import create_host_environment
+from softprobe.gym.providers.local import LocalProvider
+
+LOOKUP = {lookup!r}
+
+async def main() -> None:
+    provider = LocalProvider(root=Path({root!r}))
+    host = create_host_environment(run_root={run!r}, provider=provider, tools=[LOOKUP], tool_files={files!r},
+                                   tape_mode="record")
+    await host.create_episode(episode_id="ep")
+    await host.reset(episode_id="ep")
+    for q in ("a", "b"):
+        await host.step(episode_id="ep", action={{"type": "tool", "name": "svc.lookup", "args": {{"q": q}}}})
+    # The third call blocks until the test has killed this process.
+    await host.step(episode_id="ep", action={{"type": "tool", "name": "svc.lookup", "args": {{"mode": "block"}}}})
+
+asyncio.run(main())
+'''
+
+BLOCKING = '''
+import json, os, sys, time
+args = json.load(sys.stdin)
+with open({counter!r}, "a") as f:
+    f.write("run\\n")
+if args.get("mode") == "block":
+    open({marker!r}, "w").close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and os.getppid() != 1:
+        time.sleep(0.05)
+print(json.dumps({{"echo": args}}))
+'''
+
+
+async def test_a_tape_survives_a_sigkill_of_the_host_up_to_the_last_finished_step(tmp_path, local_provider,
+                                                                                  seed_root, counter):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    files = tmp_path / "overlay-block"
+    files.mkdir()
+    marker = tmp_path / "blocked"
+    (files / "lookup.py").write_text(BLOCKING.format(counter=str(counter), marker=str(marker)))
+    killed_root = tmp_path / "killed-root"
+    script = KILLED_HOST.format(lookup=LOOKUP, root=str(killed_root), run=str(tmp_path / "killed"), files=str(files))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():  # the third call is running: two steps have finished
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "the host never reached its third call"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait(timeout=30)
+        if process.stderr:
+            process.stderr.close()
+    from softprobe.gym.providers.local import LocalProvider
+
+    cleaner = LocalProvider(root=killed_root)  # the dead host's sandbox goes the way gc takes it
+    await cleaner.sweep()
+    await cleaner.close()
+    tape = tmp_path / "killed" / "episodes" / "ep" / "tape"
+    assert [e.call_site for e in read_entries(tape / "tape.jsonl")] == ["step:1", "step:2"]
+    assert not TapeFolder(tape).verify()
+    before = runs(counter)
+    async with _host(tmp_path, local_provider, files, seed_root, "rep", tape_mode="replay", tape=tape) as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        for q in ("a", "b"):
+            step = await host.step(episode_id="ep", action=tool("svc.lookup", q=q))
+            assert step.observation == {"echo": {"q": q}} and step.diagnostics["replayed"] is True
+        await host.finalize(episode_id="ep")
+    assert runs(counter) == before
