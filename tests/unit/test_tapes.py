@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 from helpers import tool
 
-from softprobe.gym import ConfigurationError, ReplayMissError, TapeError, create_host_environment
+from softprobe.gym import (
+    ConfigurationError,
+    ReplayDivergenceError,
+    ReplayMissError,
+    TapeError,
+    create_host_environment,
+)
 from softprobe.gym.cli.main import main as cli_main
 from softprobe.gym.tapes import ClosureReport, TapeFolder, canonical_digest, canonical_json, read_entries
 
@@ -161,6 +167,19 @@ async def test_fork_prefix_reexecution_replays_the_parent_tape(tmp_path, local_p
         after = await host.step(episode_id=child, action=tool("svc.lookup", q="child"))
         assert after.observation["runs"] == 3 and runs(counter) == 3  # after the branch: live, recorded
         final = await host.finalize(episode_id=child)
+
+        # A fork's child inherits once: after a reset it records a tape of its own, live.
+        second = await host.fork(episode_id="ep", path="prefix_reexecution", prefix_length=3)
+        assert runs(counter) == 3
+        await host.reset(episode_id=second.episode_id)
+        again = await host.step(episode_id=second.episode_id, action=ACTIONS[0])
+        assert again.observation["runs"] == 4 and "replayed" not in again.diagnostics
+
+        # A prefix call the parent's tape cannot serve is a divergence, and runs nothing.
+        host._registry.get("ep").tape.log.clear()  # as if the parent's tape lacked the entries
+        with pytest.raises(ReplayDivergenceError, match="replay_miss"):
+            await host.fork(episode_id="ep", path="prefix_reexecution", prefix_length=1)
+        assert runs(counter) == 4
         await host.finalize(episode_id="ep")
     entries = read_entries(final.episode_dir / "tape" / "tape.jsonl")
     assert [(e.sequence, e.call_site) for e in entries] == [(0, "step:1"), (1, "step:3"), (2, "step:4")]

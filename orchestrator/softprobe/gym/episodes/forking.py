@@ -236,8 +236,12 @@ class Forker:
             expected = original.diagnostics["workspace_digest"]
             actual = replayed.diagnostics["workspace_digest"]
             same_observation = (replayed.observation, replayed.error) == (original.observation, original.error)
-            if actual != expected or (strict and not same_observation):
-                what = "workspace digest" if actual != expected else "observation (strict mode)"
+            # A call the parent's tape cannot serve was not run: never a silent divergence.
+            missed = replayed.error is not None and replayed.error.type == "replay_miss" and not same_observation
+            if actual != expected or missed or (strict and not same_observation):
+                what = ("workspace digest" if actual != expected
+                        else "result (replay_miss: the parent's tape lacks the call)" if missed
+                        else "observation (strict mode)")
                 action = original.action
                 described = f"tool {action.name}" if isinstance(action, ToolAction) else "terminate"
                 raise ReplayDivergenceError(

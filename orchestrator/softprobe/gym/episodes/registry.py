@@ -139,6 +139,7 @@ class EpisodeRegistry:
             episode_tape=episode.tape_path, episode_dir=episode.store.dir, episode_id=episode.episode_id,
             network_mode=self.config.world.network.mode, prefix=prefix, prefix_steps=branch,
         )
+        episode.tape_prefix = None  # inherited once: a later reset begins a tape of its own
 
     def save(self, episode: Episode) -> None:
         """Rewrite the episode's ``episode.json``."""

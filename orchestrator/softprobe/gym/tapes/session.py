@@ -194,9 +194,8 @@ class TapeSession:
                     and entry.operation == operation and entry.request.canonical_digest == digest):
                 self._consumed.add(entry.sequence)
                 return candidate
-        where = "the tape" if self.mode == "replay" else "the parent's tape prefix"
         raise ReplayMissError(
-            f"replay miss: {where} has no unconsumed {category} entry for {operation} with request "
+            f"replay miss: the tape has no unconsumed {category} entry for {operation} with request "
             f"{digest} (at {call_site}); nothing was run. Record a tape that makes this call, or "
             "run with tape_mode='record' or 'off'.",
             category=category, operation=operation, call_site=call_site,
