@@ -341,3 +341,32 @@ async def test_a_tape_survives_a_sigkill_of_the_host_up_to_the_last_finished_ste
             assert step.observation == {"echo": {"q": q}} and step.diagnostics["replayed"] is True
         await host.finalize(episode_id="ep")
     assert runs(counter) == before
+
+
+class _Subject:
+    def export_state(self, episode_id: str) -> dict[str, str]:
+        return {"of": episode_id}
+
+    def import_state(self, episode_id: str, state: object) -> None:
+        pass
+
+
+async def test_a_checkpoint_import_child_inherits_the_tape_up_to_the_checkpoint(tmp_path, local_provider, tool_files,
+                                                                                seed_root, counter):
+    caps = {**ALL_CAPS, "subject_state_import": True}
+    async with create_host_environment(run_root=tmp_path / "ck", provider=local_provider, tools=[LOOKUP],
+                                       tool_files=tool_files, seed_root=seed_root, capabilities=caps,
+                                       subject=_Subject(), tape_mode="record") as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        await host.step(episode_id="ep", action=ACTIONS[0])
+        checkpoint = await host.checkpoint(episode_id="ep")
+        await host.step(episode_id="ep", action=ACTIONS[2])  # after the checkpoint: not inherited
+        fork = await host.fork(episode_id="ep", path="checkpoint_import", checkpoint_id=checkpoint.checkpoint_id)
+        step = await host.step(episode_id=fork.episode_id, action=tool("svc.lookup", q="child"))
+        assert step.observation["runs"] == 3  # live after the branch
+        final = await host.finalize(episode_id=fork.episode_id)
+        await host.finalize(episode_id="ep")
+    assert checkpoint.tape_cursor == 1
+    entries = read_entries(final.episode_dir / "tape" / "tape.jsonl")
+    assert [(e.sequence, e.call_site) for e in entries] == [(0, "step:1"), (1, "step:2")]
