@@ -51,7 +51,14 @@ async def test_record_with_the_service_then_replay_without_it(tmp_path):
         replayed = [await host.step(episode_id=episode, action=a) for a in ACTIONS]
         miss = await host.step(episode_id=episode, action=tool("billing.get_invoice", id="INV-1002"))
         final2 = await host.finalize(episode_id=episode)
+        whole = await ready(host, "whole")  # the recorded actions only: everything served by the tape
+        for action in ACTIONS:
+            await host.step(episode_id=whole, action=action)
+        whole_report = ClosureReport.model_validate_json((await host.finalize(episode_id=whole)).closure_report_path
+                                                         .read_text())
         replaying_host = host.host_id
+    assert whole_report.run_level == "recorded_external"
+    assert {d.provider for d in whole_report.dependencies} == {"seeded", "recorded"}
     for old, new in zip(recorded, replayed, strict=True):
         assert (new.observation, new.error) == (old.observation, old.error)
         assert new.diagnostics["workspace_digest"] == old.diagnostics["workspace_digest"]
