@@ -168,14 +168,33 @@ async def test_a_lost_node_fails_only_its_episodes_and_leaks_nothing(cluster, tm
 
 def test_eval_runs_a_suite_across_the_cluster(cluster, tmp_path):
     import json
+    import shutil
     import subprocess
     import sys
     from pathlib import Path
 
+    import yaml
+
     the_cluster, _ = cluster
-    suite = Path(__file__).resolve().parents[2] / "images" / "support-desk" / "examples" / "suite.yaml"
-    done = subprocess.run([sys.executable, "-m", "softprobe.gym.cli", "eval", str(suite), "--out", str(tmp_path),
-                           "--ray", the_cluster.address], capture_output=True, text=True, timeout=600)
+    examples = Path(__file__).resolve().parents[2] / "images" / "support-desk" / "examples"
+
+    def eval_on_ray(suite: Path, out: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "softprobe.gym.cli", "eval", str(suite), "--out", str(out),
+                               "--ray", the_cluster.address], capture_output=True, text=True, timeout=600)
+
+    # Tasks with a bundle do not run on Ray yet: refused up front, nothing started or written.
+    refused = eval_on_ray(examples / "suite.yaml", tmp_path / "refused")
+    assert refused.returncode == 2 and "cannot run on Ray yet" in refused.stderr
+    assert not (tmp_path / "refused" / "results.jsonl").exists()
+    # The example suite without its bundle task:
+    data = yaml.safe_load((examples / "suite.yaml").read_text())
+    data["tasks"] = [task for task in data["tasks"] if "bundle" not in task]
+    suite = tmp_path / "suite" / "suite.yaml"
+    suite.parent.mkdir()
+    suite.write_text(yaml.safe_dump(data))
+    shutil.copyfile(examples / "policies.py", suite.parent / "policies.py")
+    tmp_path = tmp_path / "out"
+    done = eval_on_ray(suite, tmp_path)
     assert done.returncode == 1, done.stderr  # the same outcome as a local run: one task fails on purpose
     results = {r["id"]: r["passed"] for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())}
     assert results == {"refund-a42": True, "no-refund-a7": True, "list-accounts": True, "note-from-seed": True,
