@@ -61,7 +61,7 @@ def test_compare_flags_the_regression_and_exits_1(two_runs, tmp_path):
     assert re.match(r"refund-a42 +pass +1\.000 +FAIL +0\.500 +regressed \(-0\.500\)", rows[2]), rows[2]
     assert "refund-a42: step 3, action differs" in done.stdout
     assert "pass rate 83% -> 67% (-17 pts) over 6 paired tasks" in done.stdout
-    assert "gate FAILED: 1 of 6 paired tasks (16.7%)" in done.stdout
+    assert "gate FAILED: 1 of 6 tasks (16.7%) went from pass to fail, error or missing" in done.stdout
     assert cli("compare", str(a), str(a)).returncode == 0
     assert cli("compare", str(a), str(b), "--threshold", "0.2").returncode == 0  # 16.7% is not more than 20%
     assert cli("compare", str(b), str(a)).returncode == 0  # B fixes A: no gate failure

@@ -112,7 +112,8 @@ def test_pairs_by_id_regressions_first_and_lists_unpaired(two_runs):
     assert (c.pass_rate_a, c.pass_rate_b) == (0.5, 0.5)
     assert c.mean_score_a == pytest.approx(0.625) and c.mean_score_b == pytest.approx(0.6875)
     assert (c.mcnemar.b, c.mcnemar.c, c.mcnemar.p_value) == (1, 1, 1.0)
-    assert c.newly_failing == 1 and c.gate_failed  # threshold 0: any pass -> fail fails the gate
+    # "breaks" went pass -> fail, and "gone" passed in A but is missing from B: both count.
+    assert c.newly_failing == 2 and c.lost == ["gone"] and c.gate_base == 5 and c.gate_failed
 
 
 def test_first_differing_step_of_each_changed_task(two_runs):
@@ -220,9 +221,9 @@ def test_cli_exit_codes_table_json_and_page(two_runs, tmp_path, capsys):
     assert "breaks: step 2, action differs" in out and "McNemar exact test" in out and "gate FAILED" in out
     assert main(["compare", str(a), str(a)]) == 0
     assert "gate passed" in capsys.readouterr().out
-    assert main(["compare", str(a), str(b), "--threshold", "0.25", "--json"]) == 0
+    assert main(["compare", str(a), str(b), "--threshold", "0.4", "--json"]) == 0  # 2 of 5 is not above 40%
     data = json.loads(capsys.readouterr().out)
-    assert data["gate_failed"] is False and data["newly_failing"] == 1 and data["a"]["tasks"] == 5
+    assert data["gate_failed"] is False and data["newly_failing"] == 2 and data["a"]["tasks"] == 5
     assert "steps" not in data["pairs"][0]["a"] and data["pairs"][0]["first_diff"]["index"] == 2
     assert main(["compare", str(a), str(tmp_path)]) == 2
     assert "neither an eval output" in capsys.readouterr().err
@@ -245,3 +246,34 @@ def test_the_page_escapes_agent_text_and_draws_its_plots(tmp_path):
     for svg in svgs:
         ET.fromstring(svg)  # well-formed
         assert "nan" not in svg.lower()
+
+
+def test_a_candidate_run_that_stopped_early_fails_the_gate(two_runs, tmp_path, capsys):
+    a, _ = two_runs
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    first = (a / "results.jsonl").read_text().splitlines()[0]
+    (partial / "results.jsonl").write_text(first + "\n")  # B finished one task of A's five
+    assert main(["compare", str(a), str(partial)]) == 1
+    assert "missing from B" in capsys.readouterr().out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "results.jsonl").write_text("")
+    assert main(["compare", str(a), str(empty)]) == 2  # nothing to compare: never a pass
+    assert "nothing to compare" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("summary", ["[]", "1", "\"text\""])
+def test_a_run_folder_of_the_wrong_shape_is_a_usage_error(two_runs, summary, capsys):
+    a, b = two_runs
+    (b / "summary.json").write_text(summary)
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "not an object" in capsys.readouterr().err
+
+
+def test_few_paired_scores_are_not_judged_by_the_interval(two_runs):
+    from softprobe.gym.evals.compare_report import significance_lines
+
+    a, b = two_runs
+    lines = significance_lines(compare_runs(load_run(a), load_run(b)))
+    assert "too few paired scores (4)" in lines[1] and "excludes 0" not in lines[1]

@@ -21,10 +21,10 @@ _DESCRIPTION = (
     "McNemar's exact test on pass/fail and a paired bootstrap 95% interval of the mean score "
     "difference (2000 resamples, seed 0). --out DIR writes DIR/compare.html, a self-contained "
     "page with the same and inline SVG plots (reward per step, score distribution). Exit code 1 "
-    "when the gate fails: more than --threshold of the paired tasks went from pass to fail or "
-    "error (by default any); other regressions (score drops, fail to error) and tasks missing "
-    "from B never fail it. 0 otherwise, 2 on a usage error (a folder of neither shape, a bad "
-    "--threshold)."
+    "when the gate fails: more than --threshold of A's tasks went from pass to fail or error, or "
+    "passed in A and are missing from B (by default any); other regressions (score drops, fail "
+    "to error) never fail it. 0 otherwise, 2 on a usage error (a folder of neither shape, runs "
+    "with no task in common, a bad --threshold)."
 )
 
 
@@ -88,7 +88,9 @@ def _result(verdict: str, score: float | None) -> str:
 def _action(step: dict[str, Any] | None) -> str:
     if step is None:
         return "(none: the trajectory ended)"
-    action = step.get("action") or {}
+    action = step.get("action")
+    if not isinstance(action, dict):
+        return terminal_safe(json.dumps(action, ensure_ascii=False))[:100]
     if action.get("type") == "tool":
         text = f"{action.get('name')} {json.dumps(action.get('args', {}), ensure_ascii=False)}"
     else:

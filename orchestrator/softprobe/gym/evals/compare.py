@@ -15,9 +15,10 @@ Significance, over the paired tasks: McNemar's exact test on pass/fail (two-side
 test on the discordant pairs) and a paired bootstrap 95% interval of the mean score difference
 B - A (tasks scored in both runs; fixed seed, so the same runs always give the same interval).
 
-The CI gate: B *fails* when more than ``threshold`` (a fraction of the paired tasks) went from
-pass to fail or error. The default threshold 0 fails on any such task. Other regressions (a
-score drop, fail to error) and tasks missing from B are reported but never fail the gate.
+The CI gate: B *fails* when more than ``threshold`` (a fraction of A's tasks) went from pass to
+fail or error, or passed in A and are missing from B (a candidate run that stopped early). The
+default threshold 0 fails on any such task. Other regressions (a score drop, fail to error) are
+reported but never fail the gate. Two runs with no task in common are not compared at all.
 """
 
 from __future__ import annotations
@@ -143,7 +144,9 @@ class Comparison(BaseModel):
     mcnemar: McNemar
     bootstrap: Bootstrap | None  # None when no task has a score in both runs
     threshold: float
-    newly_failing: int  # pairs that passed in A and not in B (fail or error): what the gate counts
+    newly_failing: int  # tasks that passed in A and did not in B (fail, error or missing): what the gate counts
+    lost: list[str] = []  # tasks that passed in A and are missing from B (counted in newly_failing)
+    gate_base: int = 0  # what newly_failing is a share of: A's tasks, paired or missing from B
     gate_failed: bool
 
     def by_change(self, *changes: Change) -> list[Pair]:
@@ -252,10 +255,14 @@ def compare_runs(a: Run, b: Run, *, threshold: float = 0.0, resamples: int = 200
 
     Raises:
         ValueError: ``threshold`` is not within [0, 1].
+        CompareError: the runs have no task in common.
     """
     if not 0 <= threshold <= 1:
         raise ValueError(f"threshold must be a fraction of the tasks, from 0 to 1 (got {threshold})")
     ids = [i for i in a.tasks if i in b.tasks]
+    if not ids:
+        raise CompareError(
+            f"nothing to compare: no task of {a.path} ({len(a.tasks)} tasks) is in {b.path} ({len(b.tasks)} tasks)")
     pairs = []
     for task_id in ids:
         ta, tb = a.tasks[task_id], b.tasks[task_id]
@@ -271,17 +278,21 @@ def compare_runs(a: Run, b: Run, *, threshold: float = 0.0, resamples: int = 200
     c_count = sum(y and not x for x, y in zip(passed_a, passed_b, strict=True))
     scores_a = [p.a.score for p in pairs if p.a.score is not None]
     scores_b = [p.b.score for p in pairs if p.b.score is not None]
+    only_a = sorted(set(a.tasks) - set(b.tasks))
+    # A task that passed in A and is missing from B is a regression too: a candidate run that
+    # crashed early must not pass the gate on the few tasks it finished.
+    lost = [task_id for task_id in only_a if a.tasks[task_id].verdict == "pass"]
     return Comparison(
         a=a, b=b, pairs=pairs,
-        only_a=sorted(set(a.tasks) - set(b.tasks)), only_b=sorted(set(b.tasks) - set(a.tasks)),
+        only_a=only_a, only_b=sorted(set(b.tasks) - set(a.tasks)),
         pass_rate_a=sum(passed_a) / n if n else 0.0, pass_rate_b=sum(passed_b) / n if n else 0.0,
         mean_score_a=statistics.fmean(scores_a) if scores_a else None,
         mean_score_b=statistics.fmean(scores_b) if scores_b else None,
         mcnemar=McNemar(b=b_count, c=c_count, p_value=mcnemar_exact(b_count, c_count)),
         bootstrap=bootstrap_mean_delta([p.score_delta for p in pairs if p.score_delta is not None],
                                        resamples=resamples, seed=seed),
-        threshold=threshold, newly_failing=b_count,
-        gate_failed=n > 0 and b_count / n > threshold,
+        threshold=threshold, newly_failing=b_count + len(lost), lost=lost, gate_base=n + len(only_a),
+        gate_failed=b_count + len(lost) > threshold * (n + len(only_a)),
     )
 
 
@@ -315,11 +326,15 @@ def _verdict(status: str, passed: bool, error: Any) -> Verdict:
     return "pass" if passed else "fail"
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; anything else is a CompareError naming the file."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise CompareError(f"cannot read {path}: {err}") from None
+    if not isinstance(value, dict):
+        raise CompareError(f"{path} holds a JSON {type(value).__name__}, not an object: not written by softprobe-gym")
+    return value
 
 
 def _load_eval(folder: Path) -> Run:
@@ -353,8 +368,9 @@ def _eval_steps(folder: Path, task_id: str, row: dict[str, Any]) -> list[dict[st
     """The task's trajectory: its record in tasks/ (moves with the folder), else its episode's."""
     record = folder / "tasks" / f"{task_id}.json"
     if record.is_file():
-        steps = ((_read_json(record).get("rollout") or {}).get("steps")) or []
-        return [s for s in steps if isinstance(s, dict)]
+        rollout = _read_json(record).get("rollout")
+        steps = (rollout.get("steps") if isinstance(rollout, dict) else None) or []
+        return [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
     artifacts = row.get("artifacts")
     for episode in ([Path(artifacts)] if artifacts else []) + [folder / "runs" / "episodes" / task_id]:
         if episode.is_dir():
@@ -388,12 +404,13 @@ def _episode_steps(episode: Path) -> list[dict[str, Any]]:
     rollout = episode / "rollout.json"
     if rollout.is_file():
         steps = _read_json(rollout).get("steps") or []
-        return [s for s in steps if isinstance(s, dict)]
+        return [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
     trajectory = episode / "trajectory.jsonl"
     if not trajectory.is_file():
         return []
     try:
-        return [json.loads(line) for line in trajectory.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = [json.loads(line) for line in trajectory.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [step for step in lines if isinstance(step, dict)]
     except (OSError, ValueError) as err:
         raise CompareError(f"cannot read {trajectory}: {err}") from None
 

@@ -43,6 +43,10 @@ def _rate(value: float) -> str:
     return f"{value * 100:.0f}%"
 
 
+#: Fewer paired scores than this: the bootstrap interval is shown, but not judged.
+MIN_PAIRS_FOR_INTERVAL = 10
+
+
 def significance_lines(comparison: Comparison) -> list[str]:
     """The significance indications, as plain sentences (shared by the page and the terminal)."""
     m = comparison.mcnemar
@@ -53,7 +57,12 @@ def significance_lines(comparison: Comparison) -> list[str]:
     if boot is None:
         lines.append("Bootstrap interval of the mean score difference: no task has a score in both runs")
     else:
-        zero = "excludes 0" if boot.low > 0 or boot.high < 0 else "includes 0"
+        # A percentile bootstrap of a handful of pairs (or of equal deltas) has no width to
+        # judge by: say so rather than "excludes 0" next to a McNemar p of 1.
+        if boot.n < MIN_PAIRS_FOR_INTERVAL or boot.low == boot.high:
+            zero = f"too few paired scores ({boot.n}) to judge by this interval"
+        else:
+            zero = "excludes 0" if boot.low > 0 or boot.high < 0 else "includes 0"
         lines.append(f"Mean score difference B - A over {boot.n} tasks: {boot.mean_delta:+.3f}, "
                      f"{boot.level * 100:.0f}% bootstrap interval [{boot.low:+.3f}, {boot.high:+.3f}] "
                      f"({boot.resamples} paired resamples, seed {boot.seed}; {zero})")
@@ -62,11 +71,12 @@ def significance_lines(comparison: Comparison) -> list[str]:
 
 def gate_line(comparison: Comparison) -> str:
     """What the CI gate decided, and why."""
-    n = len(comparison.pairs)
+    n = comparison.gate_base or len(comparison.pairs)
     verdict = "FAILED" if comparison.gate_failed else "passed"
     share = comparison.newly_failing / n if n else 0.0
-    return (f"gate {verdict}: {comparison.newly_failing} of {n} paired tasks ({share * 100:.3g}%) went from pass to "
-            f"fail or error; the threshold allows {comparison.threshold * 100:.3g}%")
+    lost = f" (missing from B: {', '.join(comparison.lost)})" if comparison.lost else ""
+    return (f"gate {verdict}: {comparison.newly_failing} of {n} tasks ({share * 100:.3g}%) went from pass to "
+            f"fail, error or missing{lost}; the threshold allows {comparison.threshold * 100:.3g}%")
 
 
 def _step_box(step: dict[str, Any] | None) -> str:
