@@ -33,6 +33,7 @@ from softprobe.gym.errors import (
 from softprobe.gym.results import EpisodeState, StepResult
 from softprobe.gym.settings import Capabilities
 from softprobe.gym.tapes.session import TapedCall
+from softprobe.gym.tapes.store import TapeFolder
 
 if TYPE_CHECKING:
     from softprobe.gym.episodes.host import HostEnvironment
@@ -261,14 +262,19 @@ class Forker:
         )
 
 
-def _tape_prefix(parent: Episode, entry: Checkpoint | None, prefix_length: int) -> tuple[list[TapedCall], int] | None:
+def _tape_prefix(
+    parent: Episode, entry: Checkpoint | None, prefix_length: int
+) -> tuple[list[TapedCall], int, TapeFolder | None] | None:
     """The tape entries a child inherits (replayed for a prefix re-execution, so the child's
-    steps match without the services) and its branch step; None when the parent has no tape."""
+    steps match without the services), its branch step, and the tape the parent replays (the
+    child keeps replaying it after the branch); None when the parent has no tape."""
     if entry is not None:
-        return None if entry.tape_prefix is None else (list(entry.tape_prefix), entry.record.step_index)
+        if entry.tape_prefix is None:
+            return None
+        return list(entry.tape_prefix), entry.record.step_index, entry.tape_source
     if parent.tape is None or parent.tape.mode == "off":
         return None
-    return parent.tape.prefix_until(prefix_length), prefix_length
+    return parent.tape.prefix_until(prefix_length), prefix_length, parent.tape.replays_from
 
 
 def state_after(steps: list[StepResult]) -> EpisodeState:
