@@ -160,8 +160,7 @@ class TapeSession:
         if self.mode != "record":
             self._depend("TOOL_CALL", tool, "live", call_site, digest, capabilities=[])
             return call
-        changed = call.diagnostics.get("changed_paths")
-        changed_count = len(changed) if isinstance(changed, list) else 0
+        changed_count = _changed_count(call.diagnostics)
         try:
             taped = self._record(step, tool, request, digest, call_site, causal_parent, call, changed_count)
         except TapeError as err:
@@ -305,6 +304,15 @@ class TapeSession:
         if call.changed_paths:
             self.folder.note_effects(copied.sequence, call.changed_paths)
         return TapedCall(call.step, copied, self.folder, call.changed_paths)
+
+
+def _changed_count(diagnostics: dict[str, Any]) -> int:
+    """How many workspace paths a call changed (``changed_paths_count`` when the list was cut)."""
+    count = diagnostics.get("changed_paths_count")
+    if isinstance(count, int) and not isinstance(count, bool):
+        return count
+    changed = diagnostics.get("changed_paths")
+    return len(changed) if isinstance(changed, list) else 0
 
 
 def _queue_of(folder: TapeFolder) -> list[TapedCall]:
