@@ -493,6 +493,9 @@ async def test_a_taped_call_that_changed_the_workspace_is_flagged_on_replay(tmp_
         plain = await host.step(episode_id="ep", action=ACTIONS[0])
         wrote = await host.step(episode_id="ep", action=write)
         assert wrote.diagnostics["changed_paths"] and not plain.diagnostics["changed_paths"]
+        # A prefix fork over it diverges, and says why.
+        with pytest.raises(ReplayDivergenceError, match="workspace changes are not replayed"):
+            await host.fork(episode_id="ep", path="prefix_reexecution", prefix_length=2)
         final = await host.finalize(episode_id="ep")
     tape = final.episode_dir / "tape"
     entries = read_entries(tape / "tape.jsonl")

@@ -237,11 +237,17 @@ class Forker:
             expected = original.diagnostics["workspace_digest"]
             actual = replayed.diagnostics["workspace_digest"]
             same_observation = (replayed.observation, replayed.error) == (original.observation, original.error)
-            # A call the parent's tape cannot serve was not run: never a silent divergence.
-            missed = replayed.error is not None and replayed.error.type == "replay_miss" and not same_observation
+            # A call the parent's tape cannot serve (missing, or damaged) was not run: never a
+            # silent divergence.
+            missed = (replayed.error is not None and replayed.error.type in ("replay_miss", "tape_corrupt")
+                      and not same_observation)
             if actual != expected or missed or (strict and not same_observation):
-                what = ("workspace digest" if actual != expected
-                        else "result (replay_miss: the parent's tape lacks the call)" if missed
+                unreplayed = replayed.diagnostics.get("workspace_effects_not_replayed") is True
+                what = ("workspace digest (the tool's workspace changes are not replayed from the tape)"
+                        if actual != expected and unreplayed
+                        else "workspace digest" if actual != expected
+                        else f"result ({replayed.error.type if replayed.error else ''}: the parent's tape "
+                             "cannot serve the call)" if missed
                         else "observation (strict mode)")
                 action = original.action
                 described = f"tool {action.name}" if isinstance(action, ToolAction) else "terminate"
