@@ -31,6 +31,11 @@ if args.get("mode") == "fail":
     sys.exit(3)
 if args.get("mode") == "null":
     print("null")
+elif args.get("mode") == "write":
+    import os
+    with open(os.path.join(os.environ["SOFTPROBE_WORKSPACE"], "made-by-tool.txt"), "w") as f:
+        f.write("written by the tool")
+    print(json.dumps({{"wrote": "made-by-tool.txt"}}))
 else:
     print(json.dumps({{"echo": args, "runs": runs}}))
 '''
@@ -370,3 +375,143 @@ async def test_a_checkpoint_import_child_inherits_the_tape_up_to_the_checkpoint(
     assert checkpoint.tape_cursor == 1
     entries = read_entries(final.episode_dir / "tape" / "tape.jsonl")
     assert [(e.sequence, e.call_site) for e in entries] == [(0, "step:1"), (1, "step:2")]
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path: bytes): what "unchanged" means for a tape."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+async def test_a_fork_of_a_replaying_episode_records_apart_and_stays_in_replay(tmp_path, local_provider, tool_files,
+                                                                               seed_root, counter):
+    recorded, final = await _record(tmp_path, local_provider, tool_files, seed_root)
+    tape = final.episode_dir / "tape"
+    before, ran = _tree(tape), runs(counter)
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "rep", tape_mode="replay", tape=tape) as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        for action in ACTIONS[:3]:  # consumes entries 0 (alpha) and 1 (fail)
+            await host.step(episode_id="ep", action=action)
+        fork = await host.fork(episode_id="ep", path="prefix_reexecution", prefix_length=3)
+        assert _tree(tape) == before  # the child's tape is its own, not a folder inside the pinned one
+        child = fork.episode_id
+        # After the branch the child is still replaying: served from the parent's tape, never run.
+        null = await host.step(episode_id=child, action=ACTIONS[3])
+        assert null.diagnostics["replayed"] is True and (null.observation, null.error) == (None, None)
+        again = await host.step(episode_id=child, action=ACTIONS[4])  # entry 3: entry 0 went to the prefix
+        assert again.observation == recorded[4].observation and again.diagnostics["source_tape_sequence"] == 3
+        miss = await host.step(episode_id=child, action=tool("svc.lookup", q="new"))
+        assert miss.error is not None and miss.error.type == "replay_miss"
+        # A fork of the child replays the same tape: its prefix took entries 0-2, so alpha gets 3.
+        grandchild = (await host.fork(episode_id=child, path="prefix_reexecution", prefix_length=4)).episode_id
+        late = await host.step(episode_id=grandchild, action=ACTIONS[4])
+        assert late.diagnostics["source_tape_sequence"] == 3 and late.observation == recorded[4].observation
+        assert runs(counter) == ran  # nothing ran, in the prefix or after it
+        await host.finalize(episode_id=grandchild)
+        done = await host.finalize(episode_id=child)
+        await host.finalize(episode_id="ep")
+    assert _tree(tape) == before  # the pinned tape folder was neither written nor added to
+    own = done.episode_dir / "tape"
+    assert [(e.sequence, e.call_site) for e in read_entries(own / "tape.jsonl")] == [
+        (0, "step:1"), (1, "step:3"), (2, "step:4"), (3, "step:5")]
+    assert not TapeFolder(own).verify()
+    report = ClosureReport.model_validate_json(done.closure_report_path.read_text())
+    assert [d.provider for d in report.dependencies if d.category == "TOOL_CALL"] == [
+        "recorded", "recorded", "recorded", "recorded", "unsupported"]
+
+
+def test_a_payload_that_cannot_be_written_is_a_tape_error(tmp_path) -> None:
+    with pytest.raises(TapeError, match="cannot store a payload"):
+        TapeFolder(tmp_path / "gone").put_payload(b"x")  # its payloads folder does not exist
+
+
+async def test_a_tape_write_failure_after_the_tool_ran_keeps_the_step_and_breaks_the_episode(
+        tmp_path, local_provider, tool_files, seed_root, counter):
+    import shutil
+
+    from softprobe.gym import EpisodeBrokenError
+
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "rec", tape_mode="record") as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        await host.step(episode_id="ep", action=tool("svc.lookup", q="a"))
+        tape = host._registry.get("ep").tape.folder.root
+        shutil.rmtree(tape)  # the disk is gone from under the tape
+        step = await host.step(episode_id="ep", action=tool("svc.lookup", q="b"))
+        assert step.observation == {"echo": {"q": "b"}, "runs": 2} and runs(counter) == 2  # the real result
+        assert "cannot store a payload" in step.diagnostics["tape_error"]
+        with pytest.raises(EpisodeBrokenError, match="tape"):
+            await host.step(episode_id="ep", action=tool("svc.lookup", q="c"))
+        assert runs(counter) == 2
+        final = await host.finalize(episode_id="ep")
+    assert final.broken is not None and "tape could not be written at step 2" in final.broken
+    lines = (final.episode_dir / "trajectory.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # the step that ran is on the trajectory
+    report = ClosureReport.model_validate_json(final.closure_report_path.read_text())
+    assert [(d.provider, d.note) for d in report.dependencies if d.category == "TOOL_CALL"] == [
+        ("live", None), ("live", "tape_error")]
+
+
+async def test_an_unreadable_recorded_response_fails_the_step_closed(tmp_path, local_provider, tool_files, seed_root,
+                                                                     counter):
+    _, final = await _record(tmp_path, local_provider, tool_files, seed_root)
+    tape = TapeFolder(final.episode_dir / "tape")
+    entries = tape.entries()
+    tape.payload_path(entries[0].response.payload_ref).unlink()  # alpha's first answer: gone
+    altered = tape.payload_path(entries[2].response.payload_ref)  # the null answer: altered
+    altered.write_bytes(b"nul")
+    broken = entries[1].model_copy(update={"response": entries[1].response.model_copy(
+        update={"payload_ref": tape.put_payload(b'{"message":"no type"}')})})  # an error without its type
+    lines = tape.tape_path.read_text().splitlines()
+    lines[1] = broken.model_dump_json()
+    tape.tape_path.write_text("\n".join(lines) + "\n")
+    before = runs(counter)
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "rep", tape_mode="replay",
+                     tape=tape.root) as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        steps = [await host.step(episode_id="ep", action=a) for a in (ACTIONS[0], ACTIONS[2], ACTIONS[3])]
+        # The unreadable entry was not consumed: the same question fails again, not onto entry 3.
+        repeat = await host.step(episode_id="ep", action=ACTIONS[0])
+        done = await host.finalize(episode_id="ep")
+    assert runs(counter) == before
+    assert [s.error.type if s.error else None for s in steps + [repeat]] == ["tape_corrupt"] * 4
+    assert [s.diagnostics["tape_corrupt"]["sequence"] for s in steps + [repeat]] == [0, 1, 2, 0]
+    assert "cannot be read" in steps[0].error.message and "malformed" in steps[1].error.message
+    assert "altered" in steps[2].error.message
+    report = ClosureReport.model_validate_json(done.closure_report_path.read_text())
+    assert {(d.provider, d.note) for d in report.dependencies if d.category == "TOOL_CALL"} == {
+        ("unsupported", "tape_corrupt")}
+
+
+async def test_a_taped_call_that_changed_the_workspace_is_flagged_on_replay(tmp_path, local_provider, tool_files,
+                                                                            seed_root, counter):
+    write = tool("svc.lookup", mode="write")
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "rec", tape_mode="record") as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        plain = await host.step(episode_id="ep", action=ACTIONS[0])
+        wrote = await host.step(episode_id="ep", action=write)
+        assert wrote.diagnostics["changed_paths"] and not plain.diagnostics["changed_paths"]
+        # A prefix fork over it diverges, and says why.
+        with pytest.raises(ReplayDivergenceError, match="workspace changes are not replayed"):
+            await host.fork(episode_id="ep", path="prefix_reexecution", prefix_length=2)
+        final = await host.finalize(episode_id="ep")
+    tape = final.episode_dir / "tape"
+    entries = read_entries(tape / "tape.jsonl")
+    assert [e.causal_parent for e in entries] == [None, None]  # tracing is off: no span id to name
+    assert TapeFolder(tape).effects() == {1: 1}
+    async with _host(tmp_path, local_provider, tool_files, seed_root, "rep", tape_mode="replay", tape=tape) as host:
+        await host.create_episode(episode_id="ep")
+        await host.reset(episode_id="ep")
+        first = await host.step(episode_id="ep", action=ACTIONS[0])
+        second = await host.step(episode_id="ep", action=write)
+        done = await host.finalize(episode_id="ep")
+    assert "workspace_effects_not_replayed" not in first.diagnostics
+    assert second.diagnostics["workspace_effects_not_replayed"] is True and second.observation == wrote.observation
+    report = ClosureReport.model_validate_json(done.closure_report_path.read_text())
+    tool_deps = [d for d in report.dependencies if d.category == "TOOL_CALL"]
+    assert [(d.provider, d.note) for d in tool_deps] == [
+        ("recorded", None), ("unsupported", "workspace_effects_not_replayed")]
+    assert report.run_level == "live"
+    assert "note" not in json.loads(done.closure_report_path.read_text())["dependencies"][1]  # left out when None

@@ -17,6 +17,7 @@ from softprobe.gym.errors import ForkRequestError, SubjectStateError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.results import CheckpointRecord, StepResult
 from softprobe.gym.tapes.session import TapedCall
+from softprobe.gym.tapes.store import TapeFolder
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Checkpoint:
     steps: list[StepResult]
     initial_digest: str
     tape_prefix: list[TapedCall] | None = None  # the episode's tape entries so far (None: no tape)
+    tape_source: TapeFolder | None = None  # the tape the episode replays from (None: it does not)
     users: set[str] = field(default_factory=set)  # episodes whose sandbox runs from it
     released: bool = False  # its episode was destroyed: no new fork can name it
 
@@ -86,7 +88,9 @@ class CheckpointRegistry:
             tape_cursor=episode.tape.cursor if episode.tape and episode.tape.mode != "off" else None,
         )
         tape_prefix = list(episode.tape.log) if episode.tape and episode.tape.mode != "off" else None
-        self._entries[checkpoint_id] = Checkpoint(record, list(episode.steps), episode.initial_digest, tape_prefix)
+        tape_source = episode.tape.replays_from if episode.tape else None
+        self._entries[checkpoint_id] = Checkpoint(record, list(episode.steps), episode.initial_digest, tape_prefix,
+                                                  tape_source)
         episode.checkpoints.append(checkpoint_id)
         episode.store.write_checkpoint(checkpoint_id, record.model_dump_json(indent=2))
         return record

@@ -33,6 +33,7 @@ from softprobe.gym.errors import (
 from softprobe.gym.results import EpisodeState, StepResult
 from softprobe.gym.settings import Capabilities
 from softprobe.gym.tapes.session import TapedCall
+from softprobe.gym.tapes.store import TapeFolder
 
 if TYPE_CHECKING:
     from softprobe.gym.episodes.host import HostEnvironment
@@ -236,11 +237,17 @@ class Forker:
             expected = original.diagnostics["workspace_digest"]
             actual = replayed.diagnostics["workspace_digest"]
             same_observation = (replayed.observation, replayed.error) == (original.observation, original.error)
-            # A call the parent's tape cannot serve was not run: never a silent divergence.
-            missed = replayed.error is not None and replayed.error.type == "replay_miss" and not same_observation
+            # A call the parent's tape cannot serve (missing, or damaged) was not run: never a
+            # silent divergence.
+            missed = (replayed.error is not None and replayed.error.type in ("replay_miss", "tape_corrupt")
+                      and not same_observation)
             if actual != expected or missed or (strict and not same_observation):
-                what = ("workspace digest" if actual != expected
-                        else "result (replay_miss: the parent's tape lacks the call)" if missed
+                unreplayed = replayed.diagnostics.get("workspace_effects_not_replayed") is True
+                what = ("workspace digest (the tool's workspace changes are not replayed from the tape)"
+                        if actual != expected and unreplayed
+                        else "workspace digest" if actual != expected
+                        else f"result ({replayed.error.type if replayed.error else ''}: the parent's tape "
+                             "cannot serve the call)" if missed
                         else "observation (strict mode)")
                 action = original.action
                 described = f"tool {action.name}" if isinstance(action, ToolAction) else "terminate"
@@ -261,14 +268,19 @@ class Forker:
         )
 
 
-def _tape_prefix(parent: Episode, entry: Checkpoint | None, prefix_length: int) -> tuple[list[TapedCall], int] | None:
+def _tape_prefix(
+    parent: Episode, entry: Checkpoint | None, prefix_length: int
+) -> tuple[list[TapedCall], int, TapeFolder | None] | None:
     """The tape entries a child inherits (replayed for a prefix re-execution, so the child's
-    steps match without the services) and its branch step; None when the parent has no tape."""
+    steps match without the services), its branch step, and the tape the parent replays (the
+    child keeps replaying it after the branch); None when the parent has no tape."""
     if entry is not None:
-        return None if entry.tape_prefix is None else (list(entry.tape_prefix), entry.record.step_index)
+        if entry.tape_prefix is None:
+            return None
+        return list(entry.tape_prefix), entry.record.step_index, entry.tape_source
     if parent.tape is None or parent.tape.mode == "off":
         return None
-    return parent.tape.prefix_until(prefix_length), prefix_length
+    return parent.tape.prefix_until(prefix_length), prefix_length, parent.tape.replays_from
 
 
 def state_after(steps: list[StepResult]) -> EpisodeState:

@@ -24,6 +24,7 @@ from softprobe.gym.shim.runtime import Runtime
 from softprobe.gym.tapes.attempt import open_session
 from softprobe.gym.tapes.model import TapeMode
 from softprobe.gym.tapes.session import TapedCall, TapeSession
+from softprobe.gym.tapes.store import TapeFolder
 from softprobe.gym.tracing import EpisodeTrace, current_tracing
 
 
@@ -48,7 +49,8 @@ class Episode:
     tape_mode: TapeMode | None = None  # overrides the host's tape_mode
     tape_path: Path | None = None  # overrides the host's tape
     tape: TapeSession | None = None  # the current attempt's (made by reset)
-    tape_prefix: tuple[list[TapedCall], int] | None = None  # a fork child's inherited entries, branch step
+    # a fork child's inherited entries, branch step, and the tape its parent replays (None: none)
+    tape_prefix: tuple[list[TapedCall], int, TapeFolder | None] | None = None
     # Names this attempt (renewed by every reset): in result.json and on every trajectory line.
     source_trace_id: str = field(default_factory=lambda: secrets.token_hex(16))
     trace: EpisodeTrace = field(default_factory=EpisodeTrace)  # its spans (softprobe.gym.tracing)
@@ -133,11 +135,12 @@ class EpisodeRegistry:
 
     def start_tape(self, episode: Episode) -> None:
         """Give the episode a new attempt's tape session (at reset, or a checkpoint fork)."""
-        prefix, branch = episode.tape_prefix or (None, 0)
+        prefix, branch, source = episode.tape_prefix or (None, 0, None)
         episode.tape = open_session(
             host_mode=self.config.tape_mode, host_tape=self.config.tape, episode_mode=episode.tape_mode,
             episode_tape=episode.tape_path, episode_dir=episode.store.dir, episode_id=episode.episode_id,
             network_mode=self.config.world.network.mode, prefix=prefix, prefix_steps=branch,
+            replay_source=source,
         )
         episode.tape_prefix = None  # inherited once: a later reset begins a tape of its own
 

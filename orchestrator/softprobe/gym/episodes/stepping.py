@@ -76,6 +76,12 @@ class Stepper:
             episode.steps.append(result)
             episode.store.append_step(result)
             episode.state = EpisodeState.TERMINATED if terminated or truncated else EpisodeState.RUNNING
+            if "tape_error" in result.diagnostics:
+                # The call ran (or was served) but its tape entry could not be written: the step
+                # is kept and returned, but the episode stops here rather than go on untaped.
+                await self._admission.mark_broken(
+                    episode, f"its tape could not be written at step {index}: {result.diagnostics['tape_error']}"
+                )
         if hook_error is not None:
             raise OnStepHookError(
                 f"on_step raised {type(hook_error).__name__}: {hook_error} (step {index} of "
@@ -100,7 +106,8 @@ class Stepper:
         parsed = parse_traceparent(span.traceparent())
         return await tape.tool_call(
             tool=action.name, args=dict(action.args), step=index,
-            causal_parent=parsed[1] if parsed else str(index), workspace_digest=episode.workspace_digest,
+            # The step's span id; none without tracing (a step index would not be a span id).
+            causal_parent=parsed[1] if parsed else None, workspace_digest=episode.workspace_digest,
             run=lambda: self._call_tool(episode, runtime, action, span),
         )
 

@@ -51,21 +51,29 @@ def open_session(
     network_mode: str,
     prefix: list[TapedCall] | None = None,
     prefix_steps: int = 0,
+    replay_source: TapeFolder | None = None,
 ) -> TapeSession:
     """The tape session of a new attempt (a reset).
 
     The episode's options win over the host's. Record writes to the episode's ``tape=``, else
     ``<host tape>/<episode_id>/``, else ``<episode dir>/tape/``. Replay reads the episode's
     ``tape=``, else the host's. A fork's child (``prefix`` given) whose parent had a tape
-    records into its own tape whatever the mode: the prefix replayed, then its own calls.
+    records into its own tape whatever the mode: the prefix replayed, then its own calls. The
+    child of a replaying parent (``replay_source``: the tape the parent replays) records into
+    ``<episode dir>/tape/`` (never into or under the replayed tape) and stays in replay after
+    the branch: its calls are served from ``replay_source``'s entries the prefix did not use.
 
     Raises:
         ConfigurationError: replay without a tape folder holding ``tape.jsonl``.
         TapeError: the tape cannot be read or written.
     """
     mode: TapeMode = episode_mode or host_mode
-    if prefix is not None and mode == "replay":
-        mode, episode_tape = "record", None
+    if prefix is not None and (mode == "replay" or replay_source is not None):
+        if replay_source is None:  # a parent that did not replay on a replay host: still never live
+            folder = episode_tape or host_tape
+            replay_source = TapeFolder(folder) if folder is not None else None
+        return TapeSession("record", TapeFolder(episode_dir / "tape"), network_mode=network_mode, prefix=prefix,
+                           prefix_steps=prefix_steps, replay_source=replay_source)
     if prefix is not None and mode == "off":
         mode = "record"
     if mode == "off":

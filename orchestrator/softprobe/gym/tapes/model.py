@@ -7,9 +7,9 @@ every dependency an episode observed, who provided it, and the run's reproducibi
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 TAPE_SCHEMA: Literal["softprobe.dependency-tape/v1"] = "softprobe.dependency-tape/v1"
 CLOSURE_SCHEMA: Literal["softprobe.closure-report/v1"] = "softprobe.closure-report/v1"
@@ -85,6 +85,16 @@ class ClosureDependency(BaseModel):
     call_site: str
     canonical_request_digest: str | None = None
     available_capabilities: list[str] = Field(default_factory=list)
+    #: Why the provider is what it is, when that needs saying (e.g. ``workspace_effects_not_replayed``,
+    #: ``tape_corrupt``); left out of the JSON when None, so the WORLDS.md shape is unchanged.
+    note: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_note(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("note") is None:
+            data.pop("note", None)
+        return data
 
 
 class ClosureReport(BaseModel):

@@ -3,9 +3,11 @@ keeps the ledger its closure report is made from.
 
 Phase 1 tapes ``TOOL_CALL`` only: a call of an image- or overlay-declared tool is one entry.
 Replay matching rule: the next unconsumed entry (lowest sequence) of the same category and
-operation whose canonical request digest equals the call's; on a match it is consumed and its
-response returned, and the tool is not run; on none the call fails closed with
-:class:`~softprobe.gym.errors.ReplayMissError` (never a fallback to the live tool).
+operation whose canonical request digest equals the call's; on a match its response is read
+(checked against its digest) and only then the entry is consumed and the response returned, and
+the tool is not run; on none the call fails closed with
+:class:`~softprobe.gym.errors.ReplayMissError` (never a fallback to the live tool), and a response
+that cannot be read fails closed as ``tape_corrupt``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class TapedCall:
     step: int
     entry: TapeEntry
     source: TapeFolder
+    changed_paths: int = 0  # workspace paths the recorded call changed (a replay does not redo them)
 
 
 class TapeSession:
@@ -55,6 +58,9 @@ class TapeSession:
         prefix: a fork's inherited entries: copied into the recorded tape at once, and served
             (replayed) to the steps up to ``prefix_steps`` instead of running the tools.
         prefix_steps: the branch step of a fork (0: none).
+        replay_source: a fork of a replaying episode: the tape the parent replays. The child
+            records its own tape, but its calls after the branch are served from this tape's
+            entries the prefix did not consume (usual matching rule), never run live.
 
     Raises:
         TapeError: the tape to replay cannot be read, or the record folder cannot be written.
@@ -68,11 +74,13 @@ class TapeSession:
         network_mode: str = "none",
         prefix: list[TapedCall] | None = None,
         prefix_steps: int = 0,
+        replay_source: TapeFolder | None = None,
     ) -> None:
         self.mode = mode
         self.folder = folder
         self.network_mode = network_mode
         self.prefix_steps = prefix_steps
+        self.replay_source = replay_source if mode == "record" else None
         self.log: list[TapedCall] = []  # this attempt's entries, in order
         self._dependencies: list[ClosureDependency] = [
             ClosureDependency(category="FILESYSTEM", operation="workspace", provider="seeded", call_site="reset")
@@ -80,17 +88,35 @@ class TapeSession:
         self._live_process_site: str | None = None  # the first step a process ran for real
         self._queue: list[TapedCall] = []  # what replay may serve, in sequence order
         self._consumed: set[int] = set()
+        self._source_queue: list[TapedCall] = []  # a replaying parent's tape, after the branch
+        self._source_consumed: set[int] = set()
         if mode == "replay":
             if folder is None:
                 raise TapeError("replay needs a tape folder")
-            self._queue = [TapedCall(0, entry, folder) for entry in folder.entries()]
+            self._queue = _queue_of(folder)
         elif mode == "record":
             if folder is None:
                 raise TapeError("record needs a tape folder")
+            if replay_source is not None and folder.root.resolve() == replay_source.root.resolve():
+                raise TapeError(f"a fork cannot record into the tape it replays ({folder.root})")
             folder.start()
             for inherited in prefix or []:
-                self.log.append(self._append(inherited.step, inherited.entry, inherited.source))
+                self.log.append(self._append(inherited))
             self._queue = list(self.log)
+            if self.replay_source is not None:
+                self._source_queue = _queue_of(self.replay_source)
+                # What the prefix took from the source, by the same rule the parent's replay used.
+                for inherited in prefix or []:
+                    request = inherited.entry.request
+                    found = _find(self._source_queue, self._source_consumed, inherited.entry.category,
+                                  inherited.entry.operation, request.canonical_digest)
+                    if found is not None:
+                        self._source_consumed.add(found.entry.sequence)
+
+    @property
+    def replays_from(self) -> TapeFolder | None:
+        """The tape this attempt's calls are served from (a fork's child keeps using it)."""
+        return self.folder if self.mode == "replay" else self.replay_source
 
     @property
     def cursor(self) -> int:
@@ -107,45 +133,44 @@ class TapeSession:
         tool: str,
         args: dict[str, Any],
         step: int,
-        causal_parent: str,
+        causal_parent: str | None,
         workspace_digest: str,
         run: Callable[[], Awaitable[CallResult]],
     ) -> CallResult:
         """A declared tool's call through the tape: replayed (``run`` never called), or run
-        and recorded (``record``), or just run (``off``). A replay miss is returned as a step
-        error of type ``replay_miss``, the tool not run."""
+        and recorded (``record``), or just run (``off``).
+
+        Never raises for the tape: a replay miss is a step error ``replay_miss`` and an entry
+        whose response cannot be read one of type ``tape_corrupt`` (the tool not run, the entry
+        not consumed); a tape that cannot be written after the tool ran gives the real result
+        with ``diagnostics["tape_error"]`` (the caller must then stop the episode).
+        """
         request = canonical_json({"tool": tool, "args": args})
         digest = sha256_digest(request)
         call_site = f"step:{step}"
         if self.mode == "replay" or step <= self.prefix_steps:
-            try:
-                served = self._match("TOOL_CALL", tool, digest, call_site, request)
-            except ReplayMissError as miss:
-                self._depend("TOOL_CALL", tool, "unsupported", call_site, digest, capabilities=[])
-                return CallResult(
-                    error=StepError(type="replay_miss", message=str(miss)),
-                    diagnostics={"workspace_digest": workspace_digest, "changed_paths": [], "replayed": False,
-                                 "replay_miss": miss.diagnostic()},
-                )
-            self._depend("TOOL_CALL", tool, "recorded", call_site, digest)
-            if self.mode == "replay":  # (a fork's prefix entries are on the child's tape already)
-                self.log.append(TapedCall(step, served.entry, served.source))
-            observation, error = _response_of(served)
-            return CallResult(
-                observation=observation, error=error,
-                diagnostics={"workspace_digest": workspace_digest, "changed_paths": [], "replayed": True,
-                             "tape_sequence": served.entry.sequence},
-            )
+            # (a fork's prefix entries are on the child's tape already: nothing to write)
+            return self._serve(tool, request, digest, call_site, step, causal_parent, workspace_digest,
+                               self._queue, self._consumed, copy=False)
+        if self.replay_source is not None:
+            return self._serve(tool, request, digest, call_site, step, causal_parent, workspace_digest,
+                               self._source_queue, self._source_consumed, copy=True)
         call = await run()
         self._live_process_site = self._live_process_site or call_site
         if self.mode != "record":
             self._depend("TOOL_CALL", tool, "live", call_site, digest, capabilities=[])
             return call
-        assert self.folder is not None
-        entry = self._record(tool, request, digest, call_site, causal_parent, call)
-        self.log.append(TapedCall(step, entry, self.folder))
+        changed_count = _changed_count(call.diagnostics)
+        try:
+            taped = self._record(step, tool, request, digest, call_site, causal_parent, call, changed_count)
+        except TapeError as err:
+            # The tool ran and its effects are real: the agent gets its result; the tape lacks it.
+            self._depend("TOOL_CALL", tool, "live", call_site, digest, capabilities=[], note="tape_error")
+            call.diagnostics["tape_error"] = str(err)
+            return call
+        self.log.append(taped)
         self._depend("TOOL_CALL", tool, "live", call_site, digest)
-        call.diagnostics["tape_sequence"] = entry.sequence
+        call.diagnostics["tape_sequence"] = taped.entry.sequence
         return call
 
     def observe_builtin(self, tool: str, args: dict[str, Any], step: int) -> None:
@@ -179,32 +204,68 @@ class TapeSession:
 
     def _depend(
         self, category: Any, operation: str, provider: DependencyProvider, call_site: str, digest: str | None,
-        *, capabilities: list[str] | None = None,
+        *, capabilities: list[str] | None = None, note: str | None = None,
     ) -> None:
         self._dependencies.append(ClosureDependency(
             category=category, operation=operation, provider=provider, call_site=call_site,
             canonical_request_digest=digest,
-            available_capabilities=[TAPE_REPLAY] if capabilities is None else capabilities,
+            available_capabilities=[TAPE_REPLAY] if capabilities is None else capabilities, note=note,
         ))
 
-    def _match(self, category: str, operation: str, digest: str, call_site: str, request: bytes) -> TapedCall:
-        for candidate in self._queue:
-            entry = candidate.entry
-            if (entry.sequence not in self._consumed and entry.category == category
-                    and entry.operation == operation and entry.request.canonical_digest == digest):
-                self._consumed.add(entry.sequence)
-                return candidate
-        raise ReplayMissError(
-            f"replay miss: the tape has no unconsumed {category} entry for {operation} with request "
-            f"{digest} (at {call_site}); nothing was run. Record a tape that makes this call, or "
-            "run with tape_mode='record' or 'off'.",
-            category=category, operation=operation, call_site=call_site,
-            canonical_request_digest=digest, canonical_request=request.decode("utf-8"),
-        )
+    def _serve(
+        self, tool: str, request: bytes, digest: str, call_site: str, step: int, causal_parent: str | None,
+        workspace_digest: str, queue: list[TapedCall], consumed: set[int], *, copy: bool,
+    ) -> CallResult:
+        """Answer a call from ``queue`` (nothing runs); with ``copy``, also record what was
+        served into this attempt's own tape."""
+        base: dict[str, Any] = {"workspace_digest": workspace_digest, "changed_paths": []}
+        served = _find(queue, consumed, "TOOL_CALL", tool, digest)
+        if served is None:
+            miss = ReplayMissError(
+                f"replay miss: the tape has no unconsumed TOOL_CALL entry for {tool} with request "
+                f"{digest} (at {call_site}); nothing was run. Record a tape that makes this call, or "
+                "run with tape_mode='record' or 'off'.",
+                category="TOOL_CALL", operation=tool, call_site=call_site,
+                canonical_request_digest=digest, canonical_request=request.decode("utf-8"),
+            )
+            self._depend("TOOL_CALL", tool, "unsupported", call_site, digest, capabilities=[])
+            return CallResult(error=StepError(type="replay_miss", message=str(miss)),
+                              diagnostics={**base, "replayed": False, "replay_miss": miss.diagnostic()})
+        try:
+            observation, error = _response_of(served)
+        except TapeError as err:
+            self._depend("TOOL_CALL", tool, "unsupported", call_site, digest, capabilities=[], note="tape_corrupt")
+            return CallResult(
+                error=StepError(type="tape_corrupt", message=f"{err}; nothing was run"),
+                diagnostics={**base, "replayed": False, "tape_corrupt": {
+                    "tape": str(served.source.root), "sequence": served.entry.sequence, "reason": str(err)}},
+            )
+        consumed.add(served.entry.sequence)  # only once its response was read
+        diagnostics: dict[str, Any] = {**base, "replayed": True, "tape_sequence": served.entry.sequence}
+        if served.changed_paths:
+            # The recorded call changed the workspace; replay gives back its answer only.
+            diagnostics["workspace_effects_not_replayed"] = True
+            self._depend("TOOL_CALL", tool, "unsupported", call_site, digest,
+                         note="workspace_effects_not_replayed")
+        else:
+            self._depend("TOOL_CALL", tool, "recorded", call_site, digest)
+        if self.mode == "replay":
+            self.log.append(TapedCall(step, served.entry, served.source, served.changed_paths))
+        elif copy:
+            own = served.entry.model_copy(update={"call_site": call_site, "causal_parent": causal_parent})
+            try:
+                self.log.append(self._append(TapedCall(step, own, served.source, served.changed_paths)))
+            except TapeError as err:
+                diagnostics["tape_error"] = str(err)
+            else:
+                diagnostics["tape_sequence"] = self.log[-1].entry.sequence
+                diagnostics["source_tape_sequence"] = served.entry.sequence
+        return CallResult(observation=observation, error=error, diagnostics=diagnostics)
 
     def _record(
-        self, tool: str, request: bytes, digest: str, call_site: str, causal_parent: str, call: CallResult
-    ) -> TapeEntry:
+        self, step: int, tool: str, request: bytes, digest: str, call_site: str, causal_parent: str | None,
+        call: CallResult, changed_paths: int,
+    ) -> TapedCall:
         assert self.folder is not None
         if call.error is not None:
             outcome, runtime_type = "error", "application/json"
@@ -227,30 +288,72 @@ class TapeSession:
                                   outcome=outcome),  # type: ignore[arg-type]
         )
         self.folder.append(entry)
-        return entry
+        if changed_paths:
+            self.folder.note_effects(entry.sequence, changed_paths)
+        return TapedCall(step, entry, self.folder, changed_paths)
 
-    def _append(self, step: int, entry: TapeEntry, source: TapeFolder) -> TapedCall:
-        """Copy an inherited entry (and its payloads) into this attempt's tape."""
+    def _append(self, call: TapedCall) -> TapedCall:
+        """Copy an inherited or served entry (its payloads, its workspace effects) into this
+        attempt's tape."""
         assert self.folder is not None
+        entry = call.entry
         for ref in (entry.request.payload_ref, entry.response.payload_ref):
-            self.folder.put_payload(source.get_payload(ref))
+            self.folder.put_payload(call.source.get_payload(ref))
         copied = entry.model_copy(update={"sequence": self.cursor})
         self.folder.append(copied)
-        return TapedCall(step, copied, self.folder)
+        if call.changed_paths:
+            self.folder.note_effects(copied.sequence, call.changed_paths)
+        return TapedCall(call.step, copied, self.folder, call.changed_paths)
+
+
+def _changed_count(diagnostics: dict[str, Any]) -> int:
+    """How many workspace paths a call changed (``changed_paths_count`` when the list was cut)."""
+    count = diagnostics.get("changed_paths_count")
+    if isinstance(count, int) and not isinstance(count, bool):
+        return count
+    changed = diagnostics.get("changed_paths")
+    return len(changed) if isinstance(changed, list) else 0
+
+
+def _queue_of(folder: TapeFolder) -> list[TapedCall]:
+    """What a tape can serve, in sequence order, with each entry's workspace effects."""
+    effects = folder.effects()
+    return [TapedCall(0, entry, folder, effects.get(entry.sequence, 0)) for entry in folder.entries()]
+
+
+def _find(queue: list[TapedCall], consumed: set[int], category: str, operation: str, digest: str) -> TapedCall | None:
+    """The matching rule: the first unconsumed entry of ``queue`` of that category and operation
+    with that request digest (None: a miss). It is not marked consumed here."""
+    for candidate in queue:
+        entry = candidate.entry
+        if (entry.sequence not in consumed and entry.category == category
+                and entry.operation == operation and entry.request.canonical_digest == digest):
+            return candidate
+    return None
 
 
 def _response_of(served: TapedCall) -> tuple[Any, StepError | None]:
-    """The observation and error a recorded response stands for."""
+    """The observation and error a recorded response stands for.
+
+    Raises:
+        TapeError: the payload is missing or altered, or its body is not what its outcome says.
+    """
     response = served.entry.response
-    body = served.source.get_payload(response.payload_ref)
-    if response.outcome == "error":
-        error = json.loads(body)
-        return error.get("observation"), StepError(type=error["type"], message=error["message"])
-    if response.outcome == "null":
-        return None, None
-    if response.runtime_type.startswith("text/plain"):
-        return body.decode("utf-8"), None
-    return json.loads(body), None
+    try:
+        body = served.source.get_payload(response.payload_ref)
+        if response.outcome == "error":
+            error = json.loads(body)
+            return error.get("observation"), StepError(type=error["type"], message=error["message"])
+        if response.outcome == "null":
+            return None, None
+        if response.runtime_type.startswith("text/plain"):
+            return body.decode("utf-8"), None
+        return json.loads(body), None
+    except TapeError as err:
+        reason = str(err)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # a hand-edited or foreign tape
+        reason = f"its {response.outcome} response is malformed ({type(err).__name__}: {err})"
+    raise TapeError(f"tape {served.source.root} entry {served.entry.sequence}: {reason}")
 
 
 __all__ = ["TAPE_REPLAY", "TapeSession", "TapedCall"]

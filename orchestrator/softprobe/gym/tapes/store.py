@@ -1,5 +1,6 @@
 """A tape folder on disk: ``tape.jsonl`` (one :class:`TapeEntry` a line) and
-``payloads/sha256-<hex>`` (each payload once, named by the sha256 of its bytes).
+``payloads/sha256-<hex>`` (each payload once, named by the sha256 of its bytes), and the
+sidecar ``workspace-effects.jsonl`` (which entries' calls changed the workspace; absent if none).
 
 Crash safety: a payload is written to a temporary file, fsynced and renamed before the entry that
 references it is appended; an entry line is appended and fsynced as one write. A crash can
@@ -23,6 +24,8 @@ from softprobe.gym.tapes.model import TapeEntry
 
 TAPE_FILE = "tape.jsonl"
 PAYLOADS = "payloads"
+#: Sidecar: which entries' calls changed the workspace (``{"sequence", "changed_paths"}`` a line).
+EFFECTS_FILE = "workspace-effects.jsonl"
 
 
 def payload_ref(data: bytes) -> str:
@@ -50,26 +53,36 @@ class TapeFolder:
         Payloads already there stay (they are content-addressed)."""
         try:
             (self.root / PAYLOADS).mkdir(parents=True, exist_ok=True)
+            (self.root / EFFECTS_FILE).unlink(missing_ok=True)
             with open(self.tape_path, "wb") as handle:
                 os.fsync(handle.fileno())
         except OSError as err:
             raise TapeError(f"cannot start a tape in {self.root}: {err.strerror}") from None
 
     def put_payload(self, data: bytes) -> str:
-        """Store ``data`` once (atomically, fsynced); its ``artifact:sha256:`` reference."""
+        """Store ``data`` once (atomically, fsynced); its ``artifact:sha256:`` reference.
+
+        Raises:
+            TapeError: the payload cannot be written (no space, no permission, folder gone).
+        """
         ref = payload_ref(data)
         path = self.payload_path(ref)
         if path.exists():
             return ref
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".payload-")
+        try:
+            fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".payload-")
+        except OSError as err:
+            raise TapeError(f"cannot store a payload in {self.root}: {err.strerror}") from None
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temp, path)
-        except BaseException:
+        except BaseException as err:
             Path(temp).unlink(missing_ok=True)
+            if isinstance(err, OSError):
+                raise TapeError(f"cannot store a payload in {self.root}: {err.strerror}") from None
             raise
         return ref
 
@@ -106,6 +119,48 @@ class TapeFolder:
         except OSError as err:
             raise TapeError(f"cannot append to {self.tape_path}: {err.strerror}") from None
 
+    def note_effects(self, sequence: int, changed_paths: int) -> None:
+        """Note in ``workspace-effects.jsonl`` that entry ``sequence``'s call changed
+        ``changed_paths`` workspace paths (a replay serves its response, not those changes).
+
+        Raises:
+            TapeError: the file cannot be appended to.
+        """
+        line = json.dumps({"sequence": sequence, "changed_paths": changed_paths}).encode("utf-8") + b"\n"
+        try:
+            with open(self.root / EFFECTS_FILE, "ab") as handle:
+                handle.write(line)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as err:
+            raise TapeError(f"cannot append to {self.root / EFFECTS_FILE}: {err.strerror}") from None
+
+    def effects(self) -> dict[int, int]:
+        """``{sequence: changed paths}`` of the entries whose call changed the workspace (from
+        ``workspace-effects.jsonl``; none when it is absent). A line that is not a complete
+        record (a crash mid-write) is ignored.
+
+        Raises:
+            TapeError: the file exists but cannot be read.
+        """
+        path = self.root / EFFECTS_FILE
+        if not path.is_file():
+            return {}
+        try:
+            lines = path.read_bytes().split(b"\n")
+        except OSError as err:
+            raise TapeError(f"cannot read {path}: {err.strerror}") from None
+        found: dict[int, int] = {}
+        for line in lines:
+            try:
+                record = json.loads(line)
+                sequence, count = record["sequence"], record["changed_paths"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if isinstance(sequence, int) and isinstance(count, int) and count > 0:
+                found[sequence] = count
+        return found
+
     def entries(self) -> list[TapeEntry]:
         """See :func:`read_entries`."""
         return read_entries(self.tape_path)
@@ -127,8 +182,8 @@ class TapeFolder:
 
 
 def read_entries(path: Path) -> list[TapeEntry]:
-    """The entries of ``tape.jsonl``, in order. A torn last line (no newline, or not valid JSON:
-    a crash mid-write) is ignored.
+    """The entries of ``tape.jsonl``, in order. Text after the last newline (a line torn by a
+    crash mid-write) is ignored; a complete line that is not an entry is an error.
 
     Raises:
         TapeError: the file cannot be read, a line before the last is malformed, or the
@@ -152,4 +207,4 @@ def read_entries(path: Path) -> list[TapeEntry]:
     return entries
 
 
-__all__ = ["PAYLOADS", "TAPE_FILE", "TapeFolder", "payload_ref", "read_entries"]
+__all__ = ["EFFECTS_FILE", "PAYLOADS", "TAPE_FILE", "TapeFolder", "payload_ref", "read_entries"]
