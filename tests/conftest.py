@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,3 +165,24 @@ async def host(tmp_path: Path, seed_root: Path, docker_engine: None) -> AsyncIte
         left = client.containers.list(all=True, filters={"label": f"{L.HOST}={env.host_id}"})
         client.close()
         assert not left, f"host left containers behind: {[c.name for c in left]}"
+
+
+@pytest.fixture
+def exporter() -> Iterator[Any]:
+    """Spans of hosts made during the test, kept in memory (an OpenTelemetry provider of the
+    test's own, set for the library and unset after)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from softprobe.gym.tracing import use_tracer_provider
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    use_tracer_provider(provider)
+    try:
+        yield memory
+    finally:
+        use_tracer_provider(None)
+        provider.shutdown()

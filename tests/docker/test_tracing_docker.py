@@ -8,30 +8,15 @@ from helpers import BASE, require_extra, tool
 
 require_extra("opentelemetry.sdk", "otel")
 
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 from softprobe.gym import create_host_environment  # noqa: E402
-from softprobe.gym.tracing import parse_traceparent, use_tracer_provider  # noqa: E402
+from softprobe.gym.tracing import parse_traceparent  # noqa: E402
 
 pytestmark = pytest.mark.docker
 
-# Reads its arguments (stdin) first: a tool that exits before the shim has written them fails.
-ENV_TOOL = {"name": "trace.env", "command": ["/bin/sh", "-c", 'cat >/dev/null; echo "[${TRACEPARENT-unset}]"']}
+ENV_TOOL = {"name": "trace.env", "command": ["/bin/sh", "-c", 'echo "[${TRACEPARENT-unset}]"']}
 
 
-@pytest.fixture
-def exporter():
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    use_tracer_provider(provider)
-    try:
-        yield memory
-    finally:
-        use_tracer_provider(None)
-        provider.shutdown()
 
 
 async def test_traceparent_reaches_the_tools_in_a_container(exporter, tmp_path, seed_root):

@@ -5,7 +5,6 @@ in the tools' environment, and everything still working without OpenTelemetry in
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 
 import pytest
 from helpers import require_extra, tool
@@ -19,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from softprobe.gym import create_host_environment  # noqa: E402
 from softprobe.gym.evals.grading import grade_traced  # noqa: E402
 from softprobe.gym.shim import agent_shim as shim  # noqa: E402
-from softprobe.gym.tracing import NO_TRACING, current_tracing, parse_traceparent, root_span_id, use_tracer_provider  # noqa: E402
+from softprobe.gym.tracing import NO_TRACING, current_tracing, parse_traceparent, root_span_id  # noqa: E402
 
 ALL_CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True}
 SECRET = "s3cret-contents-of-the-workspace"
@@ -27,18 +26,6 @@ PRINT_TRACEPARENT = {"name": "trace.env", "command": [sys.executable, "-c",
                                                       "import os; print(os.environ.get('TRACEPARENT', 'unset'))"]}
 
 
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    """Spans of hosts made during the test, kept in memory (a provider of the test's own)."""
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    use_tracer_provider(provider)
-    try:
-        yield memory
-    finally:
-        use_tracer_provider(None)
-        provider.shutdown()
 
 
 @pytest.fixture
