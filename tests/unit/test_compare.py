@@ -277,3 +277,13 @@ def test_few_paired_scores_are_not_judged_by_the_interval(two_runs):
     a, b = two_runs
     lines = significance_lines(compare_runs(load_run(a), load_run(b)))
     assert "too few paired scores (4)" in lines[1] and "excludes 0" not in lines[1]
+
+
+def test_a_non_finite_score_is_a_usage_error_not_a_silent_nan(two_runs, capsys):
+    a, b = two_runs
+    lines = (b / "results.jsonl").read_text().splitlines()
+    row = json.loads(lines[0])
+    row["score"] = "NaN"
+    (b / "results.jsonl").write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "not a finite number" in capsys.readouterr().err

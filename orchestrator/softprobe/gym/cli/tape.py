@@ -59,6 +59,8 @@ def _folder(path: Path) -> Any:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from softprobe.gym.tapes import ClosureReport
     from softprobe.gym.tapes.attempt import CLOSURE_REPORT_FILE
 
@@ -72,7 +74,11 @@ def _run_inspect(args: argparse.Namespace) -> int:
         print(f"  {category:<14} {terminal_safe(operation):<32} {count:>5}  ({detail})")
     report_path = args.folder.resolve().parent / CLOSURE_REPORT_FILE
     if report_path.is_file():
-        report = ClosureReport.model_validate_json(report_path.read_text(encoding="utf-8"))
+        try:
+            report = ClosureReport.model_validate_json(report_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValidationError) as err:
+            print(f"run level: unknown (unreadable {CLOSURE_REPORT_FILE}: {type(err).__name__})")
+            return 0
         providers = Counter(d.provider for d in report.dependencies)
         print(f"run level: {report.run_level} ({', '.join(f'{p} {n}' for p, n in sorted(providers.items()))})")
     else:

@@ -351,6 +351,8 @@ def _load_eval(folder: Path) -> Run:
             row = json.loads(line)
             task_id, status, passed = str(row["id"]), str(row["status"]), bool(row["passed"])
             score = None if row.get("score") is None else float(row["score"])
+            if score is not None and not math.isfinite(score):
+                raise ValueError(f"score {row['score']!r} is not a finite number")
             rewards = [_number(r.get("reward")) for r in row.get("rewards") or []]
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise CompareError(f"{results}:{number}: not a result line of softprobe-gym eval ({err!r})") from None

@@ -140,7 +140,9 @@ def render_compare(comparison: Comparison) -> str:
     """The compare page as one HTML string."""
     script = plots.MEASURE_JS
     script_hash = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
-    csp = f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'; img-src data:"
+    # form-action and base-uri do not fall back to default-src: closed explicitly.
+    csp = (f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'; img-src data:; "
+           "base-uri 'none'; form-action 'none'")
     c = comparison
     mean_delta = (c.mean_score_b - c.mean_score_a
                   if c.mean_score_a is not None and c.mean_score_b is not None else None)

@@ -155,7 +155,9 @@ def _score_plot(results: list[Any]) -> str:
 
 def render_report(suite: Any, summary: dict[str, Any], results: list[Any], records: dict[str, Any]) -> str:
     script_hash = base64.b64encode(hashlib.sha256(_JS.encode()).digest()).decode()
-    csp = f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'; img-src data:"
+    # form-action and base-uri do not fall back to default-src: closed explicitly.
+    csp = (f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{script_hash}'; img-src data:; "
+           "base-uri 'none'; form-action 'none'")
     score = summary.get("score") or {}
     cards = [("tasks", f"{summary['ran']}/{summary['planned']}"), ("passed", summary["passed"]),
              ("failed", summary["failed"]), ("errors", summary["errored"]),

@@ -31,9 +31,9 @@ def canonical_json(value: Any) -> bytes:
     """
     try:
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return text.encode("utf-8")  # a lone surrogate fails here (UnicodeEncodeError, a ValueError)
     except (TypeError, ValueError) as err:
         raise TapeError(f"a tape request must be a JSON value: {err}") from None
-    return text.encode("utf-8")
 
 
 def sha256_digest(data: bytes) -> str:

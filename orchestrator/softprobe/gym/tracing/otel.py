@@ -100,8 +100,10 @@ class _Span(SpanHandle):
         if self._token is not None:
             otel_context.detach(self._token)
         if error is not None:
-            self.span.record_exception(error)
-            self.span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            # The type only: a message may carry paths or tool output, and spans never hold
+            # contents.
+            self.span.set_attribute("error.type", type(error).__name__)
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
         self.span.end()
 
 
