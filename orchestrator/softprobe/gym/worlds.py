@@ -10,6 +10,7 @@ with :class:`~softprobe.gym.errors.ConfigurationError` what it cannot run).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -196,7 +197,9 @@ class World(BaseModel):
             unknown = [d for d in service.depends_on if d not in names]
             if unknown:
                 raise ValueError(f"service {service.name!r} depends on unknown service(s): {', '.join(unknown)}")
-        _check_acyclic(self.services)
+        cycle = find_cycle({s.name: s.depends_on for s in self.services})
+        if cycle:
+            raise ValueError("services depend on each other in a cycle: " + " -> ".join(cycle))
         if self.services and self.network.mode == "none":
             raise ValueError(
                 "services are unreachable under network mode 'none'; use mode 'services' (only the "
@@ -240,23 +243,28 @@ class EgressReport(BaseModel):
         return [d for d in self.decisions if d.event == "refused"]
 
 
-def _check_acyclic(services: tuple[ServiceSpec, ...]) -> None:
-    deps = {s.name: s.depends_on for s in services}
-    state: dict[str, int] = {}
+def find_cycle(depends_on: Mapping[str, Sequence[str]]) -> list[str] | None:
+    """A dependency cycle among services (``["a", "b", "a"]``), or None. ``depends_on`` maps a
+    service to the services it depends on; names it does not hold are ignored."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
 
-    def visit(name: str, path: list[str]) -> None:
+    def visit(name: str, path: list[str]) -> list[str] | None:
         if state.get(name) == 2:
-            return
+            return None
         if state.get(name) == 1:
-            raise ValueError("services depend on each other in a cycle: " + " -> ".join([*path, name]))
+            return [*path[path.index(name):], name]
         state[name] = 1
-        for dep in deps.get(name, ()):
-            visit(dep, [*path, name])
+        for dep in depends_on.get(name, ()):
+            if dep in depends_on and (cycle := visit(dep, [*path, name])):
+                return cycle
         state[name] = 2
+        return None
 
-    for name in deps:
-        visit(name, [])
+    for name in depends_on:
+        if cycle := visit(name, []):
+            return cycle
+    return None
 
 
 __all__ = ["BUILTIN_TOOLS", "OVERLAY_PLACEHOLDER", "EgressDecision", "EgressReport", "HealthCheck", "NetworkPolicy",
-           "ServiceSpec", "ToolOverlay", "ToolDefinition", "World"]
+           "ServiceSpec", "ToolDefinition", "ToolOverlay", "World", "find_cycle"]

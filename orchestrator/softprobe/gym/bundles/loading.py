@@ -15,7 +15,7 @@ from softprobe.gym.bundles.model import MANIFEST_NAME, BundleLimits, BundleManif
 from softprobe.gym.errors import BundleError, ConfigurationError
 from softprobe.gym.providers.archive import build_overlay_archive
 from softprobe.gym.settings import Capabilities
-from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, World
+from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, World, find_cycle
 from softprobe.gym.yamllines import Loc, LocatedYaml, YamlFileError, error_message, read_yaml
 
 
@@ -212,24 +212,10 @@ class _Checker:
                                                      f"depends on {dep!r}, which is not a service of the bundle"))
                 else:
                     deps[name].append(str(dep))
-        state: dict[str, int] = {}
-
-        def visit(name: str, path: list[str]) -> bool:
-            if state.get(name) == 2:
-                return False
-            if state.get(name) == 1:
-                cycle = [*path[path.index(name):], name]
-                self.problems.append(doc.problem((*locs[name], "depends_on"),
-                                                 "services depend on each other in a cycle: " + " -> ".join(cycle)))
-                return True
-            state[name] = 1
-            found = any(visit(dep, [*path, name]) for dep in deps.get(name, []))
-            state[name] = 2
-            return found
-
-        for name in deps:
-            if state.get(name) is None and visit(name, []):
-                break  # one cycle reported is enough to act on
+        cycle = find_cycle(deps)  # one cycle reported is enough to act on
+        if cycle:
+            self.problems.append(doc.problem((*locs[cycle[0]], "depends_on"),
+                                             "services depend on each other in a cycle: " + " -> ".join(cycle)))
 
 
 __all__ = ["load_bundle"]
