@@ -122,3 +122,68 @@ async def test_without_control_the_proxy_only_logs(tmp_path, capsys):
         server.close()
         origin.close()
     assert answer.startswith(b"HTTP/1.0 201") and not (tmp_path / "journal.jsonl").exists()
+
+
+class _Sandbox:
+    """A sandbox whose proxy journal is a byte string (pure logic: the real one is in tests/docker)."""
+
+    sandbox_id = "sb-1"
+
+    def __init__(self) -> None:
+        self.journal = b""
+        self.controls: list[dict] = []
+
+    async def configure_http_tape(self, control: bytes) -> bool:
+        self.controls.append(json.loads(control))
+        return True
+
+    async def http_journal(self, since: int) -> bytes:
+        return self.journal[since:]
+
+
+class _Runtime:
+    def __init__(self, sandbox: _Sandbox, declared: str) -> None:
+        from softprobe.gym.shim.protocol import HelloTool
+
+        self.sandbox = sandbox
+        self.hello = type("Hello", (), {"tools": [HelloTool(name=declared, builtin=False, description="")]})()
+
+
+def _exchange(path: str) -> bytes:
+    request = canonical_http_request("GET", f"http://site:80{path}", [("Host", "site")], b"")
+    return json.dumps({"event": "exchange", "operation": "GET site:80", "digest": canonical_digest(request),
+                       "request": request, "response": {"version": "HTTP/1.1", "status": 200, "reason": "OK",
+                                                        "headers": [], "body": path, "body_encoding": "utf-8"}
+                       }).encode() + b"\n"
+
+
+async def test_built_in_steps_become_entries_a_declared_tools_do_not(tmp_path):
+    from softprobe.gym.actions import ToolAction
+    from softprobe.gym.shim.protocol import CallResult
+    from softprobe.gym.tapes import TapeFolder, TapeSession
+    from softprobe.gym.tapes.http import http_step
+
+    session = TapeSession("record", TapeFolder(tmp_path / "tape"), network_mode="egress")
+    sandbox = _Sandbox()
+    runtime = _Runtime(sandbox, "site.get")
+
+    async def step(name: str, index: int, journal: bytes) -> CallResult:
+        async def run() -> CallResult:
+            sandbox.journal += journal  # what the proxy journaled while the call ran
+            if name == "shell.exec":
+                session.observe_builtin(name, {}, index)  # as the stepper does
+            return CallResult(observation="ok", diagnostics={"workspace_digest": "d"})
+        return await http_step(session, runtime, ToolAction(name=name, args={}), index, None, "d", run)  # type: ignore[arg-type]
+
+    first = await step("shell.exec", 1, _exchange("/a") + _exchange("/b")[:20])  # the second still being written
+    await step("site.get", 2, _exchange("/b")[20:] + _exchange("/c"))  # covered by the tool's own entry
+    third = await step("shell.exec", 3, b'{"event": "connect", "operation": "CONNECT site:443", "refused": false}\n')
+    assert sandbox.controls == [{"body_cap": 1024 * 1024, "mode": "record"}]  # configured once
+    assert first.diagnostics["http_client"] == {"exchange": 1} and third.diagnostics["http_client"] == {"connect": 1}
+    entries = TapeFolder(tmp_path / "tape").entries()
+    assert [(e.category, e.call_site, e.response.runtime_type) for e in entries] == [
+        ("HTTP_CLIENT", "step:1", "application/http+json")]
+    report = session.closure_report()
+    assert [(d.operation, d.provider) for d in report.dependencies if d.category == "HTTP_CLIENT"] == [
+        ("GET site:80", "live"), ("CONNECT site:443", "unsupported")]
+    assert not any(d.operation == "network:egress" for d in report.dependencies)  # the precise entries replace it
