@@ -16,6 +16,7 @@ from softprobe.gym.errors import GymError, OnStepHookError, SandboxLostError
 from softprobe.gym.results import EpisodeState, StepError, StepResult
 from softprobe.gym.shim.protocol import CallResult
 from softprobe.gym.shim.runtime import Runtime
+from softprobe.gym.tapes.http import http_step
 from softprobe.gym.tracing import SpanHandle, Tracing, parse_traceparent
 
 #: ``score(result)``: run on a step's result before its trajectory line is written.
@@ -44,7 +45,10 @@ class Stepper:
                 error: StepError | None = None
                 diagnostics: dict[str, Any] = {"workspace_digest": episode.workspace_digest, "changed_paths": []}
             else:
-                call = await self._through_tape(episode, runtime, parsed, span, index)
+                # A world's egress proxy tapes the plain HTTP of built-in calls (tapes.http).
+                call = await http_step(episode.tape, runtime, parsed, index, span.traceparent(),
+                                       episode.workspace_digest,
+                                       lambda: self._through_tape(episode, runtime, parsed, span, index))
                 episode.require_not_destroyed("step")
                 observation, error, diagnostics = call.observation, call.error, call.diagnostics
                 episode.workspace_digest = diagnostics["workspace_digest"]

@@ -85,6 +85,17 @@ class Sandbox(ABC):
         None for any other world."""
         return None
 
+    async def configure_http_tape(self, control: bytes) -> bool:
+        """Hand the world's egress proxy its HTTP tape control (softprobe.gym.tapes.http);
+        False when the sandbox has no such proxy (the default: only Docker worlds under network
+        mode ``egress`` have one)."""
+        return False
+
+    async def http_journal(self, since: int) -> bytes | None:
+        """The egress proxy's HTTP tape journal from byte ``since`` on (b"": nothing new), or
+        None when the sandbox has no such proxy (the default)."""
+        return None
+
     @abstractmethod
     async def remove(self) -> None:
         """Stop the sandbox and delete it. Idempotent; never raises for one already gone."""

@@ -90,6 +90,8 @@ class TapeSession:
         self._consumed: set[int] = set()
         self._source_queue: list[TapedCall] = []  # a replaying parent's tape, after the branch
         self._source_consumed: set[int] = set()
+        self.http: object | None = None  # tapes.http's state, made at the first step of an egress world
+        self.http_journaled = False  # the egress proxy journals HTTP: closure entries are per request
         if mode == "replay":
             if folder is None:
                 raise TapeError("replay needs a tape folder")
@@ -193,7 +195,7 @@ class TapeSession:
                 dependencies.append(ClosureDependency(
                     category=category, operation=operation, provider="live", call_site=site  # type: ignore[arg-type]
                 ))
-            if self.network_mode != "none":
+            if self.network_mode != "none" and not self.http_journaled:
                 dependencies.append(ClosureDependency(
                     category="HTTP_CLIENT", operation=f"network:{self.network_mode}", provider="unsupported",
                     call_site=site,
@@ -261,6 +263,27 @@ class TapeSession:
                 diagnostics["tape_sequence"] = self.log[-1].entry.sequence
                 diagnostics["source_tape_sequence"] = served.entry.sequence
         return CallResult(observation=observation, error=error, diagnostics=diagnostics)
+
+    # -- hooks of tapes.http (HTTP_CLIENT entries made by the egress proxy) --------------------
+
+    def serving(self, step: int) -> tuple[list[TapedCall], set[int], bool] | None:
+        """What serves step ``step``'s dependency calls: ``(queue, consumed sequences, copy onto
+        this tape)``, or None when they run live (the rule :meth:`tool_call` follows)."""
+        if self.mode == "replay" or step <= self.prefix_steps:
+            return self._queue, self._consumed, False
+        if self.replay_source is not None:
+            return self._source_queue, self._source_consumed, True
+        return None
+
+    def note(self, dependency: ClosureDependency) -> None:
+        """Add an observed dependency to the closure report."""
+        self._dependencies.append(dependency)
+
+    def keep(self, call: TapedCall) -> TapedCall:
+        """Copy a served entry (and its payloads) onto this attempt's tape, in order."""
+        kept = self._append(call)
+        self.log.append(kept)
+        return kept
 
     def _record(
         self, step: int, tool: str, request: bytes, digest: str, call_site: str, causal_parent: str | None,

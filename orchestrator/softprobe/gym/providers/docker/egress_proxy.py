@@ -6,13 +6,26 @@ requests (absolute-form, one request per connection) and ``CONNECT`` tunnels to 
 ``host:port`` pairs given as its arguments (``*:port``: any public address), and refuses
 everything else with ``403``. Every
 decision is one JSON line on stdout, which the host reads back as the episode's egress report.
+
+HTTP tapes (``--journal=DIR``, see ``softprobe.gym.tapes.http``): once the host has put
+``DIR/control.json`` (``{"mode": "observe" | "record" | "replay", "body_cap": N, "replay": [...]}``),
+each plain-HTTP request is read whole (its body up to ``body_cap``) and given a canonical form
+and digest. ``observe`` and ``record`` forward it and read the whole response (up to the cap)
+before the client gets any of it, so its journal line (``DIR/journal.jsonl``, one JSON line per
+request: ``live``, ``exchange`` with the response, ``served``, ``miss``, ``connect``) is on disk
+before the client can have finished; ``replay`` never connects anywhere: it answers from the first
+unconsumed replay entry with the same digest, or ``502`` naming ``replay_miss`` and the digest.
+Under ``replay`` a ``CONNECT`` is refused (a tunnel cannot be replayed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import ipaddress
 import json
+import os
 import socket
 import sys
 from collections.abc import Mapping
@@ -26,6 +39,14 @@ HEAD_TIMEOUT_S = 30.0
 #: How long connecting to an allowed destination may take.
 CONNECT_TIMEOUT_S = 10.0
 PORT = 3128
+#: Headers that are about one connection or the proxy, not the request: not part of its
+#: canonical form (``content-length`` is implied by the body). Keep equal to tapes/http.py.
+HOP_HEADERS = frozenset({
+    "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te",
+    "trailer", "transfer-encoding", "upgrade", "content-length",
+})
+#: The journal stops taking bodies past this many bytes (then only ``live`` lines, marked).
+JOURNAL_CAP = 64 * 1024 * 1024
 #: Decisions recorded one by one; after these only their number is (a line per SUPPRESSED_EVERY),
 #: so a flood can neither push the first decisions out of the bounded log nor fill it: a record
 #: is at most ~700 bytes in Docker's log, so these take ~3.5 MB of its 16 MB.
@@ -62,11 +83,105 @@ def emit(record: Mapping[str, object]) -> None:
     sys.stdout.flush()
 
 
-class Proxy:
-    """Serves one listening socket; ``allow`` holds lower-case ``host:port`` (``*:port`` too)."""
+def canonical_request(method: str, url: str, header_lines: list[bytes], body: bytes) -> dict[str, object]:
+    """The canonical form of a plain-HTTP request (the same as tapes/http.py makes)."""
+    headers = []
+    for line in header_lines:
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() not in HOP_HEADERS:
+            headers.append([name.strip().lower(), value.strip()])
+    return {"method": method, "url": url, "headers": sorted(headers), **_body(body)}
 
-    def __init__(self, allow: set[str]) -> None:
+
+def _body(body: bytes) -> dict[str, str]:
+    try:
+        return {"body": body.decode("utf-8"), "body_encoding": "utf-8"}
+    except UnicodeDecodeError:
+        return {"body": base64.b64encode(body).decode("ascii"), "body_encoding": "base64"}
+
+
+def canonical_digest(value: object) -> str:
+    """``sha256:`` of the canonical JSON of ``value`` (tapes/canonical.py's rule)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def parse_response(raw: bytes) -> dict[str, object]:
+    """A whole response (head and body as received) as the tape's ``application/http+json``."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = status_line.partition(" ")
+    status, _, reason = rest.partition(" ")
+    headers = [[n.strip(), v.strip()] for n, _, v in (line.partition(":") for line in lines if line)]
+    return {"version": version, "status": int(status), "reason": reason, "headers": headers, **_body(body)}
+
+
+def response_bytes(response: dict[str, object]) -> bytes:
+    """The bytes a recorded response is served as (its head and body as they were received)."""
+    head = f"{response['version']} {response['status']} {response['reason']}\r\n" + "".join(
+        f"{name}: {value}\r\n" for name, value in response["headers"])  # type: ignore[attr-defined]
+    body = str(response["body"])
+    data = base64.b64decode(body) if response.get("body_encoding") == "base64" else body.encode("utf-8")
+    return head.encode("latin-1") + b"\r\n" + data
+
+
+class Journal:
+    """The host's ``control.json`` (re-read when it changes) and the ``journal.jsonl`` written."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.control: dict[str, object] | None = None
+        self._seen: tuple[int, int, int] | None = None
+        self.consumed: set[int] = set()
+        self.written = 0
+
+    def mode(self) -> str | None:
+        """The current mode (None: no control yet, the proxy only logs decisions)."""
+        path = os.path.join(self.folder, "control.json")
+        try:
+            stat = os.stat(path)
+            # ctime (ns), not mtime: the host's copy sets mtime to whole seconds.
+            if (stat.st_ino, stat.st_ctime_ns, stat.st_size) != self._seen:
+                with open(path, "rb") as handle:
+                    self.control = json.loads(handle.read())
+                self._seen = (stat.st_ino, stat.st_ctime_ns, stat.st_size)
+                self.consumed = set()
+        except (OSError, ValueError):
+            return None if self.control is None else str(self.control.get("mode"))
+        return str(self.control.get("mode")) if self.control else None
+
+    @property
+    def body_cap(self) -> int:
+        cap = (self.control or {}).get("body_cap")
+        return cap if isinstance(cap, int) else 1024 * 1024
+
+    def take(self, digest: str) -> dict[str, object] | None:
+        """The first unconsumed replay entry with ``digest`` (consumed now), or None."""
+        for entry in (self.control or {}).get("replay") or []:  # type: ignore[attr-defined]
+            if entry["digest"] == digest and entry["sequence"] not in self.consumed:
+                self.consumed.add(entry["sequence"])
+                return dict(entry)
+        return None
+
+    def write(self, record: dict[str, object]) -> None:
+        """Append one line (one write, flushed before the client gets its answer)."""
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        if self.written + len(line) > JOURNAL_CAP and record.get("event") == "exchange":
+            record = {"event": "live", "operation": record["operation"], "digest": record["digest"],
+                      "note": "journal_full"}
+            line = (json.dumps(record) + "\n").encode("utf-8")
+        self.written += len(line)
+        with open(os.path.join(self.folder, "journal.jsonl"), "ab") as handle:
+            handle.write(line)
+
+
+class Proxy:
+    """Serves one listening socket; ``allow`` holds lower-case ``host:port`` (``*:port`` too);
+    ``journal`` the tape journal folder (None: decisions only)."""
+
+    def __init__(self, allow: set[str], journal: str | None = None) -> None:
         self.allow = allow
+        self.journal = Journal(journal) if journal else None
 
     def rule(self, host: str, port: int) -> str | None:
         """``"named"`` (the host is listed), ``"any"`` (only ``*:port`` is), or None."""
@@ -126,6 +241,20 @@ class Proxy:
         if rule is None:
             await self.refuse(writer, 403, destination, method, "not on the allow-list")
             return
+        mode = self.journal.mode() if self.journal is not None else None
+        exchange: dict[str, object] | None = None
+        if mode is not None and self.journal is not None:
+            if method == "CONNECT":
+                self.journal.write({"event": "connect", "operation": f"CONNECT {destination}",
+                                    "refused": mode == "replay"})
+                if mode == "replay":
+                    await self.refuse(writer, 403, destination, method, "CONNECT cannot be replayed from a tape")
+                    return
+            else:
+                exchange = await self.read_request(reader, method, target, destination, rest, mode)
+                if exchange.get("event") == "replay":
+                    await self.answer_replay(writer, method, destination, exchange)
+                    return
         try:
             address = await self.resolve(host, port, rule)
         except PermissionError as err:
@@ -152,7 +281,93 @@ class Proxy:
                 (b"proxy-connection:", b"connection:", b"keep-alive:"))]
             up_writer.write(f"{method} {origin} {version}\r\n".encode("latin-1") + b"\r\n".join(
                 [*headers, b"Connection: close"]) + b"\r\n\r\n")
+            if exchange is not None and self.journal is not None:
+                if "body_bytes" not in exchange:  # streamed as before, and said so
+                    self.journal.write({"event": "live", "operation": exchange["operation"], "digest": None,
+                                        "note": "request_not_journaled"})
+                else:
+                    up_writer.write(exchange.pop("body_bytes"))  # type: ignore[arg-type]
+                    await self.journaled(writer, up_reader, up_writer, exchange, mode == "record")
+                    return
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def read_request(
+        self, reader: asyncio.StreamReader, method: str, target: str, destination: str, rest: bytes, mode: str,
+    ) -> dict[str, object]:
+        """Read a request's body (``Content-Length`` only, up to the cap) and give the request
+        its canonical form; ``event`` ``replay`` under replay, else what to journal."""
+        assert self.journal is not None
+        lines = [line for line in rest.split(b"\r\n") if line]
+        operation = f"{method} {destination}"
+        length_text = next((line.partition(b":")[2].strip() for line in lines
+                            if line.lower().startswith(b"content-length:")), b"0")
+        chunked = any(line.lower().startswith(b"transfer-encoding:") for line in lines)
+        if chunked or not length_text.isdigit() or int(length_text) > self.journal.body_cap:
+            # Not journaled (and never matched): said so rather than guessed.
+            return {"event": "replay" if mode == "replay" else "unjournaled", "operation": operation,
+                    "digest": None, "why": "request body is chunked or over the cap"}
+        body = await reader.readexactly(int(length_text))
+        request = canonical_request(method, target, lines, body)
+        digest = canonical_digest(request)
+        if mode == "replay":
+            return {"event": "replay", "operation": operation, "digest": digest, "request": request}
+        return {"event": "exchange", "operation": operation, "digest": digest, "request": request,
+                "body_bytes": body}
+
+    async def answer_replay(
+        self, writer: asyncio.StreamWriter, method: str, destination: str, exchange: dict[str, object],
+    ) -> None:
+        """Serve a replayed request from the tape, or answer ``502 replay_miss``; never forward."""
+        assert self.journal is not None
+        digest = exchange.get("digest")
+        entry = self.journal.take(str(digest)) if digest else None
+        if entry is not None:
+            self.journal.write({"event": "served", "operation": exchange["operation"], "digest": digest,
+                                "sequence": entry["sequence"]})
+            log("replayed", destination, method)
+            writer.write(response_bytes(entry["response"]))  # type: ignore[arg-type]
+            await writer.drain()
+            return
+        self.journal.write({"event": "miss", "operation": exchange["operation"], "digest": digest,
+                            "request": exchange.get("request"), "why": exchange.get("why")})
+        log("refused", destination, method, "replay_miss")
+        body = json.dumps({"error": "replay_miss", "canonical_request_digest": digest,
+                           "message": "the tape has no unconsumed response for this request"}).encode()
+        writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nX-Softprobe-Replay: "
+                     b"replay_miss\r\nX-Softprobe-Digest: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                     % (str(digest).encode(), len(body), body))
+        await writer.drain()
+
+    async def journaled(
+        self, writer: asyncio.StreamWriter, up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter,
+        exchange: dict[str, object], record: bool,
+    ) -> None:
+        """Forward the response once it is journaled: read whole (up to the cap), the journal
+        line written, then sent; one over the cap is journaled ``live`` (``over_cap``) and streamed."""
+        assert self.journal is not None
+        await up_writer.drain()
+        cap = self.journal.body_cap
+        raw = bytearray()
+        while len(raw) <= cap + MAX_HEAD_BYTES and (chunk := await up_reader.read(65536)):
+            raw += chunk
+        whole = len(raw) <= cap + MAX_HEAD_BYTES
+        line: dict[str, object] = {"event": "live", "operation": exchange["operation"], "digest": exchange["digest"]}
+        if not whole:
+            line["note"] = "over_cap"
+        elif record:
+            try:
+                response = parse_response(bytes(raw))
+                line = {**line, "event": "exchange", "request": exchange["request"], "response": response}
+            except (ValueError, IndexError):
+                line["note"] = "malformed_response"
+        self.journal.write(line)
+        writer.write(raw)
+        await writer.drain()
+        if not whole:
+            await pipe(up_reader, writer)
+        else:
+            writer.write_eof()
+        up_writer.close()
 
     @staticmethod
     async def refuse(writer: asyncio.StreamWriter, status: int, destination: str, method: str, why: str) -> None:
@@ -184,8 +399,9 @@ async def reply(writer: asyncio.StreamWriter, status: int, message: str) -> None
 
 
 async def main(argv: list[str]) -> None:
-    allow = {item.lower() for item in argv if item}
-    proxy = Proxy(allow)
+    journal = next((item.partition("=")[2] for item in argv if item.startswith("--journal=")), None)
+    allow = {item.lower() for item in argv if item and not item.startswith("--")}
+    proxy = Proxy(allow, journal)
     server = await asyncio.start_server(proxy.serve, "0.0.0.0", PORT, limit=MAX_HEAD_BYTES)
     log("listening", f"0.0.0.0:{PORT}", "-")
     async with server:

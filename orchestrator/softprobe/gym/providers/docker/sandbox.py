@@ -71,6 +71,23 @@ class DockerSandbox(Sandbox):
             return None
         return EgressReport.model_validate(await self._engine.run(self._builder.egress_log, self.world))
 
+    async def configure_http_tape(self, control: bytes) -> bool:
+        if self.world is None or self.world.proxy is None or self._builder is None:
+            return False
+        return await self._engine.run(self._builder.configure_proxy, self.world, control)
+
+    async def http_journal(self, since: int) -> bytes | None:
+        if self.world is None or self.world.proxy is None or self._builder is None:
+            return None
+        return await self._engine.run(self._journal_since, since)
+
+    def _journal_since(self, since: int) -> bytes:
+        assert self.world is not None and self._builder is not None
+        # A stat first: most steps make no request, and copying the file out costs far more.
+        if self._builder.journal_size(self.world) <= since:
+            return b""
+        return self._builder.read_journal(self.world)[since:]
+
     async def why_lost(self, reason: str) -> str:
         """``reason``, plus what the engine knows: a container the kernel OOM-killed as a whole
         (under gVisor a memory bomb takes the whole sandbox, not one process)."""

@@ -9,7 +9,10 @@ the proxy container is the only member of both that network and the provider's e
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import tarfile
 import threading
 import time
 import uuid
@@ -43,6 +46,13 @@ PROXY_PORT = 3128
 #: a name lookup is not a way to send data out of a world with no route out.
 NO_UPSTREAM_DNS = ["127.0.0.1"]
 _PROXY_SOURCE = (Path(__file__).parent / "egress_proxy.py").read_text()
+#: The proxy's HTTP tape folder (softprobe.gym.tapes.http): an anonymous volume (its root file
+#: system stays read-only), holding ``spool/``, owned by the proxy's user: the host puts
+#: ``control.json`` there, the proxy appends ``journal.jsonl``.
+PROXY_VOLUME = "/journal"
+PROXY_SPOOL = f"{PROXY_VOLUME}/spool"
+PROXY_JOURNAL = f"{PROXY_SPOOL}/journal.jsonl"
+PROXY_USER = 65534
 
 
 @dataclass
@@ -245,13 +255,15 @@ class WorldBuilder:
             log_config={"type": "json-file", "config": {"max-size": "16m", "max-file": "1"}},
         )
         response = control_plane(api.create_container)(
-            image, entrypoint=["python3", "-I", "-u", "-c", _PROXY_SOURCE], command=list(world.network.allow),
-            user=str(65534), labels={**labels, WORLD_ROLE: "proxy"}, host_config=host_config,
+            image, entrypoint=["python3", "-I", "-u", "-c", _PROXY_SOURCE],
+            command=[f"--journal={PROXY_SPOOL}", *world.network.allow], volumes=[PROXY_VOLUME],
+            user=str(PROXY_USER), labels={**labels, WORLD_ROLE: "proxy"}, host_config=host_config,
             networking_config=api.create_networking_config(
                 {network: api.create_endpoint_config(aliases=[PROXY_NAME])}),
         )
         container_id = str(response["Id"])
         try:
+            control_plane(api.put_archive)(container_id, PROXY_VOLUME, _tar("spool", None, PROXY_USER, 0o700))
             control_plane(api.connect_container_to_network)(container_id, self.egress_network)
             control_plane(api.start)(container_id)
             self._wait_listening(container_id, deadline, stop)
@@ -328,6 +340,42 @@ class WorldBuilder:
                 report["suppressed"] = max(report["suppressed"], int(record.get("count") or 0))
         return report
 
+    def configure_proxy(self, world: WorldContainers, control: bytes) -> bool:
+        """Put ``control.json`` (the proxy's HTTP tape mode and replay entries) into the world's
+        proxy, replacing the one before; False when the world has no proxy (blocking)."""
+        if world.proxy is None:
+            return False
+        control_plane(self.engine.api.put_archive)(world.proxy, PROXY_SPOOL, _tar("control.json", control, 0, 0o644))
+        return True
+
+    def journal_size(self, world: WorldContainers) -> int:
+        """The size of the proxy's ``journal.jsonl`` (0: none yet), by a stat: a few ms, where
+        copying the file out takes tens (blocking)."""
+        if world.proxy is None:
+            return 0
+        api = self.engine.api
+        # docker-py has no stat call; the archive endpoint's HEAD is Docker's (``docker cp``'s) own.
+        response = control_plane(api.head)(api._url("/containers/{0}/archive", world.proxy),
+                                          params={"path": PROXY_JOURNAL})
+        if response.status_code == 404:
+            return 0
+        response.raise_for_status()
+        stat = json.loads(base64.b64decode(response.headers.get("X-Docker-Container-Path-Stat", "") or b"e30="))
+        return int(stat.get("size") or 0)
+
+    def read_journal(self, world: WorldContainers) -> bytes:
+        """The proxy's ``journal.jsonl`` as it is now (b"" when there is none; blocking)."""
+        if world.proxy is None:
+            return b""
+        try:
+            stream, _ = control_plane(self.engine.api.get_archive)(world.proxy, PROXY_JOURNAL)
+        except docker.errors.NotFound:
+            return b""
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
+            member = archive.next()
+            handle = archive.extractfile(member) if member is not None else None
+            return handle.read() if handle is not None else b""
+
     def remove(self, world: WorldContainers) -> None:
         """Remove the world's containers, then its network. Idempotent."""
         for container_id in [*world.services.values(), *([world.proxy] if world.proxy else [])]:
@@ -366,6 +414,23 @@ def _last_probe(state: dict[str, Any]) -> str:
         return ""
     output = str(log[-1].get("Output") or "").strip().splitlines()
     return f" (last healthcheck: exit {log[-1].get('ExitCode')}{': ' + output[-1][:200] if output else ''})"
+
+
+def _tar(name: str, data: bytes | None, uid: int, mode: int) -> bytes:
+    """A one-member tar: a folder (``data`` None) or a file, owned by ``uid``."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo(name)
+        info.uid = info.gid = uid
+        info.mode = mode
+        info.mtime = int(time.time())
+        if data is None:
+            info.type = tarfile.DIRTYPE
+            archive.addfile(info)
+        else:
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 def service_images(image_labels: dict[str, str]) -> dict[str, str]:

@@ -1,0 +1,231 @@
+"""``HTTP_CLIENT`` tape entries: plain HTTP a built-in call (``shell.exec``) makes through a
+world's egress proxy (network mode ``egress``), recorded and replayed by that proxy.
+
+How it works, per episode attempt (one :class:`~softprobe.gym.tapes.session.TapeSession`):
+
+- Before the first step, and whenever what serves the steps changes (a fork's prefix, then its
+  own steps), the host puts a ``control.json`` into the proxy (one Docker archive copy, ~0.1 s):
+  ``observe`` (tape mode ``off``), ``record``, or ``replay`` with the tape's unconsumed
+  ``HTTP_CLIENT`` entries (their sequence, request digest and response).
+- The proxy appends one journal line per plain-HTTP request (``DIR/journal.jsonl``) *before* the
+  client gets the response, so when a step's call returns its requests are on the journal.
+- After each step the host stats the journal (one HEAD of Docker's archive endpoint, a few ms)
+  and only when it grew copies it out and reads the new complete lines. Lines of a step that
+  called a declared tool are dropped: that tool's ``TOOL_CALL`` entry covers its HTTP (never
+  dual-execute). Those of a built-in call become, in order:
+
+  - ``exchange`` (record): an ``HTTP_CLIENT`` entry, operation ``METHOD host:port``, call site
+    ``step:N``, causal parent the step's span id, appended and fsynced at step end;
+  - ``served`` (replay): the entry consumed, the dependency ``recorded``;
+  - ``miss`` (replay): the client got ``502`` naming ``replay_miss`` and the digest; the
+    dependency is ``unsupported`` and the step's diagnostics get ``replay_miss`` (the step itself
+    ran: its exit code is whatever the client made of the 502);
+  - ``live`` (observe, or not journaled: a body over the cap, chunked, a full journal);
+  - ``connect`` (HTTPS tunnels): ``unsupported`` always; refused under replay.
+
+Canonical request (its digest is the matching key): ``{"method", "url"`` (the absolute URL as
+sent), ``"headers"`` (``[name, value]`` pairs, names lower-cased, sorted, without hop-by-hop and
+proxy headers and ``content-length``), ``"body"``, ``"body_encoding"`` (``utf-8``, else
+``base64``)``}``. Response payload, runtime type ``application/http+json``: ``{"version",
+"status", "reason", "headers"`` (as received, in order), ``"body", "body_encoding"}``; the body
+is the bytes after the head as received (a chunked response keeps its framing).
+
+Bodies over :data:`BODY_CAP` are not journaled (reported ``live`` with note ``over_cap``).
+Requests a client sends in the background after its step ended are attributed to the step
+during which the host reads them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from softprobe.gym.actions import ToolAction
+from softprobe.gym.errors import TapeError
+from softprobe.gym.results import StepError
+from softprobe.gym.shim.protocol import CallResult
+from softprobe.gym.shim.runtime import Runtime
+from softprobe.gym.tapes.canonical import canonical_json, sha256_digest
+from softprobe.gym.tapes.model import ClosureDependency, TapeEntry, TapeRequest, TapeResponse
+from softprobe.gym.tapes.session import TAPE_REPLAY, TapedCall, TapeSession
+from softprobe.gym.tracing import parse_traceparent
+
+HTTP_RUNTIME_TYPE = "application/http+json"
+#: The most a request or response body may take and still be journaled (and so recorded).
+BODY_CAP = 1024 * 1024
+#: Not part of a request's canonical form (equal to egress_proxy.HOP_HEADERS).
+HOP_HEADERS = frozenset({
+    "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te",
+    "trailer", "transfer-encoding", "upgrade", "content-length",
+})
+
+
+def canonical_http_request(method: str, url: str, headers: list[tuple[str, str]], body: bytes) -> dict[str, Any]:
+    """The canonical form of a plain-HTTP request (see the module docstring)."""
+    kept = sorted([name.strip().lower(), value.strip()] for name, value in headers
+                  if name.strip().lower() not in HOP_HEADERS)
+    try:
+        encoded = {"body": body.decode("utf-8"), "body_encoding": "utf-8"}
+    except UnicodeDecodeError:
+        encoded = {"body": base64.b64encode(body).decode("ascii"), "body_encoding": "base64"}
+    return {"method": method, "url": url, "headers": kept, **encoded}
+
+
+@dataclass
+class HttpTape:
+    """One attempt's HTTP tape state: which sandbox's proxy, what it was told, what was read."""
+
+    sandbox_id: str
+    active: bool = True  # False: the sandbox has no egress proxy
+    offset: int = 0  # journal bytes read so far
+    serving: tuple[str, int] | None = None  # (mode, id of the queue) the proxy was last given
+    by_sequence: dict[int, TapedCall] = field(default_factory=dict)  # what the proxy may serve
+
+
+async def http_step(
+    tape: TapeSession | None, runtime: Runtime, action: ToolAction, step: int, traceparent: str | None,
+    workspace_digest: str, run: Callable[[], Awaitable[CallResult]],
+) -> CallResult:
+    """Run one step's call (``run``) with the world's egress proxy taping its plain HTTP.
+
+    Without a tape, or outside network mode ``egress``, just ``run()``. Never raises for the
+    tape: a proxy that cannot be configured fails the step closed (``tape_error`` in its
+    diagnostics, the call not run); a journal that cannot be read or written gives the call's
+    result with ``diagnostics["tape_error"]`` (the caller then stops the episode).
+    """
+    if tape is None or tape.network_mode != "egress":
+        return await run()
+    state = tape.http if isinstance(tape.http, HttpTape) else None
+    if state is None or state.sandbox_id != runtime.sandbox.sandbox_id:
+        state = HttpTape(runtime.sandbox.sandbox_id)
+        tape.http = state
+    if not state.active:
+        return await run()
+    try:
+        await _configure(tape, state, runtime, step)
+    except Exception as err:  # the engine's errors, whatever they are: fail closed
+        return CallResult(observation=None, error=StepError(
+            type="tape_error", message="the egress proxy could not be given its HTTP tape; nothing ran"),
+            diagnostics={"workspace_digest": workspace_digest, "tape_error": f"{type(err).__name__}: {err}"})
+    if not state.active:
+        return await run()
+    call = await run()
+    declared = any(tool.name == action.name and not tool.builtin for tool in runtime.hello.tools)
+    parsed = parse_traceparent(traceparent) if traceparent else None
+    try:
+        data = await runtime.sandbox.http_journal(state.offset) or b""
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next step
+        state.offset += end
+        if not declared:  # a declared tool's TOOL_CALL entry covers its HTTP
+            _take(tape, state, data[:end], step, parsed[1] if parsed else None, call.diagnostics)
+    except Exception as err:
+        call.diagnostics["tape_error"] = f"HTTP tape: {type(err).__name__}: {err}"
+    return call
+
+
+async def _configure(tape: TapeSession, state: HttpTape, runtime: Runtime, step: int) -> None:
+    """Tell the proxy what serves this step, if that changed."""
+    serving = tape.serving(step)
+    if serving is None:
+        wanted: tuple[str, int] = ("record" if tape.mode == "record" else "observe", 0)
+        control: dict[str, Any] = {"mode": wanted[0], "body_cap": BODY_CAP}
+    else:
+        queue, consumed, _copy = serving
+        wanted = ("replay", id(queue))
+        entries = [c for c in queue if c.entry.category == "HTTP_CLIENT" and c.entry.sequence not in consumed]
+        state.by_sequence = {c.entry.sequence: c for c in entries}
+        replay = [{"sequence": c.entry.sequence, "digest": c.entry.request.canonical_digest,
+                   "response": json.loads(c.source.get_payload(c.entry.response.payload_ref))} for c in entries]
+        control = {"mode": "replay", "body_cap": BODY_CAP, "replay": replay}
+    if wanted == state.serving:
+        return
+    if not await runtime.sandbox.configure_http_tape(canonical_json(control)):
+        state.active = False
+        return
+    state.serving = wanted
+    tape.http_journaled = True
+
+
+def _take(tape: TapeSession, state: HttpTape, data: bytes, step: int, parent: str | None,
+          diagnostics: dict[str, Any]) -> None:
+    """Turn a built-in step's journal lines into tape entries, closure dependencies and
+    diagnostics."""
+    site = f"step:{step}"
+    counts: dict[str, int] = {}
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        event, operation = str(record.get("event")), str(record.get("operation"))
+        digest = record.get("digest") if isinstance(record.get("digest"), str) else None
+        counts[event] = counts.get(event, 0) + 1
+        if event == "exchange":
+            _record(tape, step, site, parent, operation, record)
+        elif event == "served":
+            _served(tape, state, step, site, parent, record, diagnostics)
+        elif event == "miss":
+            tape.note(ClosureDependency(category="HTTP_CLIENT", operation=operation, provider="unsupported",
+                                        call_site=site, canonical_request_digest=digest, note="replay_miss"))
+            diagnostics.setdefault("replay_miss", []).append({
+                "category": "HTTP_CLIENT", "operation": operation, "call_site": site,
+                "canonical_request_digest": digest, "canonical_request": record.get("request"),
+                **({"why": record["why"]} if record.get("why") else {}),
+            })
+        elif event == "connect":
+            tape.note(ClosureDependency(category="HTTP_CLIENT", operation=operation, provider="unsupported",
+                                        call_site=site, note="connect_refused" if record.get("refused")
+                                        else "https_tunnel_not_taped"))
+        elif event == "live":
+            tape.note(ClosureDependency(category="HTTP_CLIENT", operation=operation, provider="live",
+                                        call_site=site, canonical_request_digest=digest,
+                                        note=str(record["note"]) if record.get("note") else None))
+    if counts:
+        diagnostics["http_client"] = counts
+
+
+def _record(tape: TapeSession, step: int, site: str, parent: str | None, operation: str,
+            record: dict[str, Any]) -> None:
+    """Append one recorded exchange to the tape (payloads first, the entry fsynced)."""
+    folder = tape.folder
+    if folder is None:
+        raise TapeError("record needs a tape folder")
+    request = canonical_json(record["request"])
+    digest = sha256_digest(request)  # ours, whatever the proxy said: the tape's rule decides
+    entry = TapeEntry(
+        sequence=tape.cursor, category="HTTP_CLIENT", operation=operation, call_site=site, causal_parent=parent,
+        request=TapeRequest(canonical_digest=digest, payload_ref=folder.put_payload(request)),
+        response=TapeResponse(payload_ref=folder.put_payload(canonical_json(record["response"])),
+                              runtime_type=HTTP_RUNTIME_TYPE, outcome="value"),
+    )
+    folder.append(entry)
+    tape.log.append(TapedCall(step, entry, folder))
+    tape.note(ClosureDependency(category="HTTP_CLIENT", operation=operation, provider="live", call_site=site,
+                                canonical_request_digest=digest, available_capabilities=[TAPE_REPLAY]))
+
+
+def _served(tape: TapeSession, state: HttpTape, step: int, site: str, parent: str | None,
+            record: dict[str, Any], diagnostics: dict[str, Any]) -> None:
+    """Account for one request the proxy answered from the tape."""
+    served = state.by_sequence.get(record.get("sequence"))  # type: ignore[arg-type]
+    serving = tape.serving(step)
+    if served is None or serving is None:
+        return
+    _queue, consumed, copy = serving
+    consumed.add(served.entry.sequence)
+    digest = served.entry.request.canonical_digest
+    tape.note(ClosureDependency(category="HTTP_CLIENT", operation=served.entry.operation, provider="recorded",
+                                call_site=site, canonical_request_digest=digest,
+                                available_capabilities=[TAPE_REPLAY]))
+    if tape.mode == "replay":
+        tape.log.append(TapedCall(step, served.entry, served.source))
+    elif copy:  # a fork's child of a replaying parent: the served entry goes onto its own tape
+        own = served.entry.model_copy(update={"call_site": site, "causal_parent": parent})
+        tape.keep(TapedCall(step, own, served.source))
+    diagnostics.setdefault("http_tape_sequences", []).append(served.entry.sequence)
+
+
+__all__ = ["BODY_CAP", "HOP_HEADERS", "HTTP_RUNTIME_TYPE", "HttpTape", "canonical_http_request", "http_step"]
