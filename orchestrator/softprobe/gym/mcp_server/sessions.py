@@ -56,6 +56,7 @@ class EpisodeSessions:
         self._prefix = prefix
         self._episodes: dict[str, SessionEpisode] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._closed: dict[str, asyncio.Event] = {}
 
     def get(self, episode_id: str) -> SessionEpisode:
         """The session episode of ``episode_id``.
@@ -92,6 +93,7 @@ class EpisodeSessions:
             raise
         names = {(function_name_for_tool(s.name) if self.function_names else s.name): s for s in specs}
         episode = self._episodes[episode_id] = SessionEpisode(episode_id=episode_id, tools=names)
+        self._closed[episode_id] = asyncio.Event()
         logger.info("session episode %s opened", episode_id)
         return episode
 
@@ -153,7 +155,19 @@ class EpisodeSessions:
                 await self.host.destroy(episode_id=episode_id)
             finally:
                 self._episodes.pop(episode_id, None)
+                self._closed[episode_id].set()
                 logger.info("session episode %s closed", episode_id)
+
+    async def wait_closed(self, episode_id: str) -> None:
+        """Until the episode of a session this server opened is finalized and destroyed.
+
+        Raises:
+            EpisodeNotFoundError: this server never opened ``episode_id``.
+        """
+        event = self._closed.get(episode_id)
+        if event is None:
+            raise EpisodeNotFoundError(f"this MCP server never opened an episode {episode_id!r}")
+        await event.wait()
 
     async def drain(self) -> None:
         """Wait for the closes :meth:`close_soon` started, then close every episode still open."""
