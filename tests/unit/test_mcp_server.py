@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bundle_fixtures import write_bundle
 from helpers import require_extra
 
 from softprobe.gym import create_host_environment
@@ -50,6 +52,11 @@ def stdio_params(tmp_path: Path, *extra: str) -> StdioServerParameters:
 
 def text(result: Any) -> str:
     return "\n".join(block.text for block in result.content)
+
+
+def messages(err: BaseException) -> str:
+    """An exception's message and those of the exceptions it groups."""
+    return "\n".join([str(err), *(messages(inner) for inner in getattr(err, "exceptions", ()))])
 
 
 def episode_record(run_root: Path, episode_id: str) -> dict[str, Any]:
@@ -250,3 +257,84 @@ async def test_mcp_round_trip_next_to_a_direct_step(endpoint: HttpEndpoint, caps
     with capsys.disabled():
         print(f"\n[local provider] fs.read median: direct host.step {statistics.median(direct):.2f} ms, "
               f"MCP over streamable HTTP {statistics.median(via_mcp):.2f} ms")
+
+
+BUNDLE = """\
+schema: softprobe.environment-bundle/v1
+name: mcp-tiny
+image: softprobe/base:latest
+seed: seed
+overlay:
+  files: tools
+  tools:
+    - name: billing.get_invoice
+      description: Look up an invoice
+      args: {type: object, required: [id], properties: {id: {type: string}}, additionalProperties: false}
+      command: [python3, "${SOFTPROBE_OVERLAY}/billing_tool.py"]
+      output: json
+episode: {max_steps: 3, tool_timeout_s: 5, max_tool_timeout_s: 10}
+"""
+
+
+async def test_a_bundles_overlay_tools_under_function_names(tmp_path: Path, local_provider: LocalProvider) -> None:
+    folder = write_bundle(tmp_path / "bundle", BUNDLE)
+    async with create_host_environment(run_root=tmp_path / "run", bundle=folder, provider=local_provider) as host:
+        served = HttpEndpoint(EpisodeSessions(host, function_names=True), port=0)
+        url = await served.start()
+        try:
+            async with Client(url) as client:
+                tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+                assert {"billing__get_invoice", "fs__read", "shell__exec"} <= set(tools)
+                invoice = tools["billing__get_invoice"]
+                assert invoice.description == "Look up an invoice"
+                assert invoice.input_schema["required"] == ["id"]
+                result = await client.call_tool("billing__get_invoice", {"id": "INV-1"})
+                assert not result.is_error and json.loads(text(result)) == {"ok": True}
+                assert "Support desk" in text(await client.call_tool("fs__read", {"path": "README.md"}))
+                with pytest.raises(MCPError, match="no tool 'fs.read'"):  # only the function names
+                    await client.call_tool("fs.read", {"path": "README.md"})
+                third = await client.call_tool("fs__list", {})  # the bundle's max_steps: 3
+                assert third.meta[META_ENDED] is True
+                assert (await client.call_tool("fs__list", {})).is_error
+        finally:
+            await served.stop()
+
+
+async def test_http_cli_finalizes_open_sessions_on_sigterm(tmp_path: Path) -> None:
+    params = stdio_params(tmp_path, "--transport", "http", "--port", "0")
+    proc = subprocess.Popen([params.command, *params.args], env=params.env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = await asyncio.to_thread(proc.stderr.readline)
+        assert "serving" in line and "http://127.0.0.1:" in line, line
+        url = line.split(" on ", 1)[1].split(";", 1)[0]
+        async with Client(url) as client:
+            wrote = await client.call_tool("fs.write", {"path": "kept.txt", "content": "kept"})
+            proc.send_signal(signal.SIGTERM)  # the session is still open
+            assert await asyncio.to_thread(proc.wait, 60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+    folder = tmp_path / "run" / "episodes" / wrote.meta[META_EPISODE]
+    assert (folder / "workspace" / "kept.txt").read_text() == "kept"
+    assert episode_record(tmp_path / "run", wrote.meta[META_EPISODE])["state"] == "destroyed"
+
+
+async def test_a_session_whose_episode_cannot_start_is_refused_with_the_reason(tmp_path: Path) -> None:
+    provider = LocalProvider(root=tmp_path / "refused-local")
+    host = create_host_environment(run_root=tmp_path / "run", provider=provider)
+    served = HttpEndpoint(EpisodeSessions(host), port=0)
+    url = await served.start()
+    try:
+        await host.close()  # every create_episode now fails
+        with pytest.raises(Exception) as caught:  # noqa: B017 - the client wraps it in a group
+            async with Client(url):
+                pass
+        assert "could not start this session's episode: cannot use episode" in messages(caught.value)
+    finally:
+        await served.stop()
+        await provider.close()

@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,7 +146,7 @@ async def _serve(args: argparse.Namespace) -> None:
         if args.transport == "stdio":
             _log(f"serving {what} over stdio; episodes under {args.run_root / 'episodes'}")
             serving = asyncio.ensure_future(serve_stdio(sessions))
-            _stop_on_signals(serving)
+            _stop_on_signals(serving.cancel)
             try:
                 await serving
             except asyncio.CancelledError:
@@ -154,9 +155,10 @@ async def _serve(args: argparse.Namespace) -> None:
             endpoint = HttpEndpoint(sessions, host=args.host, port=args.port, allow_remote=args.allow_remote,
                                     idle_timeout_s=args.idle_timeout)
             url = await endpoint.start()
+            _stop_on_signals(endpoint.request_stop)
             _log(f"serving {what} on {url}; episodes under {args.run_root / 'episodes'}")
             try:
-                await endpoint.wait()  # uvicorn stops on SIGINT/SIGTERM
+                await endpoint.wait()
             finally:
                 await endpoint.stop()
     finally:
@@ -166,12 +168,13 @@ async def _serve(args: argparse.Namespace) -> None:
             await provider.close()
 
 
-def _stop_on_signals(serving: asyncio.Future[None]) -> None:
-    """SIGTERM or SIGINT stops serving; the episode is still finalized (a stdio client sends
-    SIGTERM when the server takes over two seconds to exit after closing its stdin)."""
+def _stop_on_signals(stop: Callable[[], object]) -> None:
+    """SIGTERM or SIGINT stops serving; the open sessions' episodes are still finalized, and a
+    second signal does not cut that short (a stdio client sends SIGTERM when the server takes
+    over two seconds to exit after closing its stdin)."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, serving.cancel)
+        loop.add_signal_handler(sig, stop)
 
 
 __all__ = ["add_mcp_command", "make_host", "run_mcp"]

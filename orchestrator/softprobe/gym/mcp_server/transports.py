@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import socket
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from softprobe.gym.errors import ConfigurationError
@@ -60,6 +62,21 @@ async def serve_stdio(sessions: EpisodeSessions) -> None:
             await serve_loop(server, read_stream, write_stream, lifespan_state={})
     finally:
         await asyncio.shield(sessions.drain())
+
+
+def _uvicorn_server() -> type[uvicorn.Server]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn without its signal handling: it re-raises a caught SIGTERM once it has
+        stopped, which would end the process before the sessions' episodes are finalized. The
+        caller handles signals (see ``HttpEndpoint.request_stop``)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None, None, None]:
+            yield
+
+    return Server
 
 
 class HttpEndpoint:
@@ -121,12 +138,17 @@ class HttpEndpoint:
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{shown}:{self.port}{HTTP_PATH}"
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-        self._server = uvicorn.Server(config)
+        self._server = _uvicorn_server()(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         return self.url
 
+    def request_stop(self) -> None:
+        """Ask the server to stop (from a signal handler, say); :meth:`wait` then returns."""
+        if self._server is not None:
+            self._server.should_exit = True
+
     async def wait(self) -> None:
-        """Until the server stops (:meth:`stop`, or a signal uvicorn handles)."""
+        """Until the server stops (:meth:`request_stop` or :meth:`stop`)."""
         if self._task is not None:
             await asyncio.shield(self._task)
 
