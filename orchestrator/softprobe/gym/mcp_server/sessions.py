@@ -1,0 +1,180 @@
+"""One episode per MCP session, on one host: open (create + reset), step, close (finalize + destroy).
+
+Nothing here imports ``mcp``: the protocol side (:mod:`softprobe.gym.mcp_server.server`) maps MCP
+requests onto these calls, so the episode bookkeeping is testable without a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass, field
+
+from softprobe.gym.episodes.host import HostEnvironment
+from softprobe.gym.episodes.toolspecs import ToolSchema, function_name_for_tool
+from softprobe.gym.errors import ConfigurationError, EpisodeNotFoundError, GymError, LifecycleError
+from softprobe.gym.results import EpisodeState, StepResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SessionEpisode:
+    """The episode an MCP session drives.
+
+    Attributes:
+        episode_id: the host's episode id (its folder is ``run_root/episodes/<episode_id>``).
+        tools: the episode's tools by the name MCP clients call them (the tool's own name, or
+            its function name with ``function_names``).
+        ended: why no further tool call runs (the step limit, a termination), or None.
+    """
+
+    episode_id: str
+    tools: dict[str, ToolSchema]
+    ended: str | None = None
+    closing: bool = field(default=False, repr=False)
+
+
+class UnknownToolError(ConfigurationError):
+    """A client called a tool the episode does not have (an MCP protocol error, no step taken)."""
+
+
+class EpisodeSessions:
+    """The episodes of an MCP server's sessions on one host.
+
+    Args:
+        host: the host the episodes run on (the caller's: :meth:`drain` does not close it).
+        function_names: expose each tool under its function name (``crm__get_account``) rather
+            than its own (``crm.get_account``), for clients that only take ``[a-zA-Z0-9_-]``.
+        prefix: the start of every episode id (a random part follows).
+    """
+
+    def __init__(self, host: HostEnvironment, *, function_names: bool = False, prefix: str = "mcp") -> None:
+        self.host = host
+        self.function_names = function_names
+        self._prefix = prefix
+        self._episodes: dict[str, SessionEpisode] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self._closed: dict[str, asyncio.Event] = {}
+
+    def get(self, episode_id: str) -> SessionEpisode:
+        """The session episode of ``episode_id``.
+
+        Raises:
+            EpisodeNotFoundError: this server holds no such episode (never opened, or closed).
+        """
+        try:
+            return self._episodes[episode_id]
+        except KeyError:
+            raise EpisodeNotFoundError(
+                f"this MCP server holds no episode {episode_id!r}: its session has closed; reconnect for a fresh one"
+            ) from None
+
+    @property
+    def open_episodes(self) -> list[str]:
+        """The ids of the episodes whose session is still open."""
+        return [e.episode_id for e in self._episodes.values() if not e.closing]
+
+    async def open(self) -> SessionEpisode:
+        """Create and reset a fresh episode for a new session.
+
+        Raises:
+            GymError: the episode could not be created or started (its folder and any sandbox
+                are released again).
+        """
+        episode_id = f"{self._prefix}-{secrets.token_hex(6)}"
+        await self.host.create_episode(episode_id=episode_id)
+        try:
+            await self.host.reset(episode_id=episode_id)
+            specs = await self.host.tool_specs(episode_id=episode_id)
+        except BaseException:
+            await self.host.destroy(episode_id=episode_id)
+            raise
+        names = {(function_name_for_tool(s.name) if self.function_names else s.name): s for s in specs}
+        episode = self._episodes[episode_id] = SessionEpisode(episode_id=episode_id, tools=names)
+        self._closed[episode_id] = asyncio.Event()
+        logger.info("session episode %s opened", episode_id)
+        return episode
+
+    async def call(self, episode_id: str, name: str, arguments: dict[str, object]) -> StepResult:
+        """Run one tool call of the session as one ``host.step``.
+
+        Raises:
+            UnknownToolError: the episode has no tool of that name (no step is taken).
+            LifecycleError: the episode has ended (its step limit, a termination): no step runs.
+            GymError: the host refused the step (the episode broke, its session closed, ...).
+        """
+        episode = self.get(episode_id)
+        if episode.ended is not None:
+            raise LifecycleError(
+                episode_id, EpisodeState.TERMINATED.value, "run a tool in",
+                f"{episode.ended}; no further tool calls run in this session: reconnect for a fresh episode",
+            )
+        schema = episode.tools.get(name)
+        if schema is None:
+            raise UnknownToolError(f"the episode has no tool {name!r}; its tools: {', '.join(sorted(episode.tools))}")
+        step = await self.host.step(
+            episode_id=episode_id, action={"type": "tool", "name": schema.name, "args": arguments}
+        )
+        if step.truncated:
+            episode.ended = f"its step limit was reached at step {step.index}"
+        elif step.terminated:
+            episode.ended = f"it terminated at step {step.index}"
+        return step
+
+    def close_soon(self, episode_id: str) -> None:
+        """Finalize and destroy the session's episode in the background (see :meth:`drain`).
+
+        Called from the transport's per-connection teardown, which must not wait long; unknown
+        or already closing episodes are ignored.
+        """
+        episode = self._episodes.get(episode_id)
+        if episode is None or episode.closing:
+            return
+        episode.closing = True
+        task = asyncio.get_running_loop().create_task(self.close(episode_id))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close(self, episode_id: str) -> None:
+        """Finalize the episode (its artifacts land in ``run_root``) and destroy it. Idempotent;
+        a failure is logged (the episode is destroyed regardless), never raised."""
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            return
+        episode.closing = True
+        try:
+            if self.host.state(episode_id=episode_id) in (EpisodeState.READY, EpisodeState.RUNNING,
+                                                          EpisodeState.TERMINATED):
+                await self.host.finalize(episode_id=episode_id)
+        except GymError as err:
+            logger.warning("could not finalize session episode %s: %s", episode_id, err)
+        finally:
+            try:
+                await self.host.destroy(episode_id=episode_id)
+            finally:
+                self._episodes.pop(episode_id, None)
+                self._closed[episode_id].set()
+                logger.info("session episode %s closed", episode_id)
+
+    async def wait_closed(self, episode_id: str) -> None:
+        """Until the episode of a session this server opened is finalized and destroyed.
+
+        Raises:
+            EpisodeNotFoundError: this server never opened ``episode_id``.
+        """
+        event = self._closed.get(episode_id)
+        if event is None:
+            raise EpisodeNotFoundError(f"this MCP server never opened an episode {episode_id!r}")
+        await event.wait()
+
+    async def drain(self) -> None:
+        """Wait for the closes :meth:`close_soon` started, then close every episode still open."""
+        while self._closing:
+            await asyncio.gather(*list(self._closing), return_exceptions=True)
+        for episode_id in list(self._episodes):
+            await self.close(episode_id)
+
+
+__all__ = ["EpisodeSessions", "SessionEpisode", "UnknownToolError"]

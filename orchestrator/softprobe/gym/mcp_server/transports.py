@@ -1,0 +1,165 @@
+"""Serving the MCP server over stdio and over streamable HTTP (loopback unless told otherwise)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+from softprobe.gym.errors import ConfigurationError
+from softprobe.gym.mcp_server.server import build_server
+from softprobe.gym.mcp_server.sessions import EpisodeSessions
+
+if TYPE_CHECKING:
+    import uvicorn
+
+logger = logging.getLogger(__name__)
+
+#: The path of the streamable-HTTP endpoint.
+HTTP_PATH = "/mcp"
+#: Seconds without an HTTP request in flight after which a session (and its episode) is closed.
+DEFAULT_IDLE_TIMEOUT_S = 30 * 60.0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) only ever means this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, *, allow_remote: bool) -> None:
+    """Refuse a non-loopback bind unless ``allow_remote``.
+
+    Raises:
+        ConfigurationError: ``host`` is not a loopback address and ``allow_remote`` is False.
+    """
+    if not is_loopback(host) and not allow_remote:
+        raise ConfigurationError(
+            f"refusing to listen on {host!r}: the MCP endpoint has no authentication, and anyone who "
+            "reaches it can run commands in new sandboxes on this machine's Docker engine. Bind to "
+            "127.0.0.1 (the default) and tunnel to it, or pass --allow-remote if the network is yours"
+        )
+
+
+async def serve_stdio(sessions: EpisodeSessions) -> None:
+    """Serve one MCP session on this process's stdin/stdout until stdin closes (or the task is
+    cancelled), then finalize and destroy its episode (the host stays the caller's)."""
+    from mcp.server.runner import serve_loop
+    from mcp.server.stdio import stdio_server
+
+    server = build_server(sessions)
+    try:
+        async with stdio_server() as (read_stream, write_stream):
+            # The handshake-only loop: one connection, one episode (see server.py).
+            await serve_loop(server, read_stream, write_stream, lifespan_state={})
+    finally:
+        await asyncio.shield(sessions.drain())
+
+
+def _uvicorn_server() -> type[uvicorn.Server]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn without its signal handling: it re-raises a caught SIGTERM once it has
+        stopped, which would end the process before the sessions' episodes are finalized. The
+        caller handles signals (see ``HttpEndpoint.request_stop``)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None, None, None]:
+            yield
+
+    return Server
+
+
+class HttpEndpoint:
+    """The streamable-HTTP transport on ``http://HOST:PORT/mcp``, one episode per session.
+
+    Args:
+        sessions: where the sessions' episodes run.
+        host: the address to bind (loopback unless ``allow_remote``).
+        port: the port; 0 picks a free one (see :attr:`url` after :meth:`start`).
+        allow_remote: allow a non-loopback ``host``.
+        idle_timeout_s: a session with no HTTP request in flight for this long is closed.
+
+    Raises:
+        ConfigurationError: a non-loopback ``host`` without ``allow_remote``.
+    """
+
+    def __init__(
+        self,
+        sessions: EpisodeSessions,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        allow_remote: bool = False,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    ) -> None:
+        check_bind(host, allow_remote=allow_remote)
+        if not idle_timeout_s > 0:
+            raise ConfigurationError(f"the idle timeout must be positive, not {idle_timeout_s}")
+        self.sessions = sessions
+        self.host = host
+        self.port = port
+        self.idle_timeout_s = idle_timeout_s
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        """Bind and start serving in the background; return the endpoint's URL.
+
+        Raises:
+            ConfigurationError: the address cannot be bound.
+        """
+        import uvicorn
+
+        app = build_server(self.sessions).streamable_http_app(
+            streamable_http_path=HTTP_PATH, host=self.host, session_idle_timeout=self.idle_timeout_s,
+        )
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            # Listening now: a client that connects before uvicorn accepts waits in the backlog.
+            sock.listen(128)
+        except OSError as err:
+            sock.close()
+            raise ConfigurationError(f"cannot listen on {self.host}:{self.port}: {err}") from err
+        self.port = sock.getsockname()[1]
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{shown}:{self.port}{HTTP_PATH}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+        self._server = _uvicorn_server()(config)
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        return self.url
+
+    def request_stop(self) -> None:
+        """Ask the server to stop (from a signal handler, say); :meth:`wait` then returns."""
+        if self._server is not None:
+            self._server.should_exit = True
+
+    async def wait(self) -> None:
+        """Until the server stops (:meth:`request_stop` or :meth:`stop`)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Stop serving, then finalize and destroy every session's episode. Idempotent."""
+        try:
+            if self._server is not None and self._task is not None:
+                self._server.should_exit = True
+                await self._task
+        finally:
+            await asyncio.shield(self.sessions.drain())
+
+
+__all__ = ["DEFAULT_IDLE_TIMEOUT_S", "HTTP_PATH", "HttpEndpoint", "check_bind", "is_loopback", "serve_stdio"]
