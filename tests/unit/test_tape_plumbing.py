@@ -320,3 +320,10 @@ async def test_eval_records_then_replays_then_a_new_question_misses(tmp_path, de
     step = json.loads((Path(missed.artifacts or "") / "trajectory.jsonl").read_text().splitlines()[0])
     assert step["error"]["type"] == "replay_miss" and missed.run_level == "live"
     assert missed.rewards[0]["components"] == {"no_error": 0.0}
+
+
+async def test_tapes_are_refused_on_ray_before_anything_runs(tmp_path):
+    suite = load_suite(_suite(tmp_path))
+    with pytest.raises(SuiteError, match="cannot run on Ray yet"):
+        await run_suite(suite, tmp_path / "out", ray_address="auto", record=True, preflight=False)
+    assert not (tmp_path / "out").exists()
