@@ -189,7 +189,8 @@ class TapeError(GymError):
 class ReplayMissError(TapeError):
     """Replay found no recorded entry for a dependency call: the call was not run (replay fails
     closed, never falling back to the live dependency). A step reports it as error type
-    ``replay_miss`` with :meth:`diagnostic` in its diagnostics.
+    ``replay_miss`` with :meth:`diagnostic` in its diagnostics; a host made with
+    ``replay_strict=True`` raises it from ``step`` instead.
 
     Attributes:
         category: the dependency class, e.g. ``TOOL_CALL``.
@@ -197,13 +198,15 @@ class ReplayMissError(TapeError):
         call_site: where the call was made, e.g. ``step:3``.
         canonical_request_digest: ``sha256:`` of the canonical request.
         canonical_request: the canonical request itself (JSON text).
+        step_result: with strict replay, the step that missed (recorded all the same); else None.
     """
 
     def __init__(
         self, message: str, *, category: str, operation: str, call_site: str,
-        canonical_request_digest: str, canonical_request: str,
+        canonical_request_digest: str, canonical_request: str, step_result: object = None,
     ) -> None:
         super().__init__(message)
+        self.step_result = step_result
         self.category = category
         self.operation = operation
         self.call_site = call_site

@@ -30,6 +30,8 @@ class Bundle:
             ``build:`` service names the image :func:`build_tag` gives it).
         seed_root: the seed folder (absolute), or None.
         builds: service name -> how to build its image (Compose ``build:`` services).
+        tape_root: the recorded tape folder ``tape:`` names (absolute), or None (no tape, or
+            a ``sha256:`` digest).
     """
 
     root: Path
@@ -37,6 +39,7 @@ class Bundle:
     world: World
     seed_root: Path | None = None
     builds: Mapping[str, BuildSpec] = field(default_factory=dict)
+    tape_root: Path | None = None
 
     @property
     def name(self) -> str:
@@ -49,7 +52,8 @@ class Bundle:
         return list(dict.fromkeys(refs))
 
     def host_options(self, *, image_ids: Mapping[str, str] | None = None, digest: str | None = None,
-                     seed_root: Path | None = None, files_root: Path | None = None) -> dict[str, Any]:
+                     seed_root: Path | None = None, files_root: Path | None = None,
+                     tape_root: Path | None = None) -> dict[str, Any]:
         """``create_host_environment`` keywords that run this bundle.
 
         Args:
@@ -59,6 +63,8 @@ class Bundle:
                 ``result.json``.
             seed_root / files_root: run the seed and the overlay files from these folders (the
                 resolved bundle's snapshots) instead of the bundle folder's.
+            tape_root: replay the bundle's tape from this folder (the resolved bundle's snapshot)
+                instead of the bundle folder's.
 
         Raises:
             BundleError: an image of ``image_refs()`` is missing from ``image_ids``.
@@ -76,6 +82,7 @@ class Bundle:
             "services": tuple(s.model_copy(update={"image": pinned(s.image)}) for s in self.world.services),
         })
         episode = self.manifest.episode
+        tape = tape_root if tape_root is not None else self.tape_root
         return {
             "image": pinned(self.manifest.image),
             "seed_root": seed_root if seed_root is not None else self.seed_root,
@@ -86,6 +93,8 @@ class Bundle:
             "tool_timeout_s": float(episode.tool_timeout_s),
             "max_tool_timeout_s": float(episode.max_tool_timeout_s),
             "bundle_digest": digest,
+            # What tape_mode="replay" without tape= replays: a folder, or a digest (refused then).
+            "bundle_tape": str(tape) if tape is not None else self.manifest.tape,
         }
 
 

@@ -7,8 +7,10 @@ a digest, so two bundles with the same digest are the same world.
   or 0755 and folders 0755; not mtimes, owners or where the folder is), so a copy elsewhere has
   the same digest;
 - tools (in name order, as the shim lists them), network policy, limits, capabilities, episode
-  policy, assertions and the tape reference: as validated, so key order and YAML spelling do
-  not count (``30`` and ``30.0`` are one float; sizes such as ``512m`` are in bytes).
+  policy and assertions: as validated, so key order and YAML spelling do not count (``30`` and
+  ``30.0`` are one float; sizes such as ``512m`` are in bytes);
+- the tape: a tape folder by :func:`tape_digest` of its snapshot (its content: ``tape.jsonl``,
+  the payloads its entries reference, ``workspace-effects.jsonl``), a ``sha256:`` digest as given.
 
 The bundle's name, description and ``demo`` actions are not part of the world, so not of the
 digest. Functions here take a *resolver* (image name -> id, or None if missing), so nothing but
@@ -27,9 +29,12 @@ from typing import Any
 from softprobe.gym.bundles.bundle import Bundle
 from softprobe.gym.bundles.model import SCHEMA
 from softprobe.gym.bundles.trees import snapshot_tree, tree_digest
-from softprobe.gym.errors import BundleError
+from softprobe.gym.errors import BundleError, TapeError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.settings import parse_size
+from softprobe.gym.tapes.canonical import canonical_json as tape_canonical_json
+from softprobe.gym.tapes.canonical import sha256_digest
+from softprobe.gym.tapes.store import EFFECTS_FILE, TapeFolder
 
 #: Image name -> image id (``sha256:...``), or None when the image does not exist.
 Resolver = Callable[[str], "str | None"]
@@ -46,6 +51,8 @@ class ResolvedBundle:
         image_ids: image name -> id, for every image the bundle names.
         seed_root / files_root: the snapshots of the seed and overlay folders in the bundle
             store (``<store>/trees/<hex>/``), what hosts run from; None without them.
+        tape_root: the snapshot of the bundle's tape folder (what a replaying host reads); None
+            without one.
     """
 
     bundle: Bundle
@@ -54,6 +61,7 @@ class ResolvedBundle:
     image_ids: Mapping[str, str]
     seed_root: Path | None = None
     files_root: Path | None = None
+    tape_root: Path | None = None
 
     @property
     def assertions(self) -> list[dict[str, Any]]:
@@ -64,7 +72,7 @@ class ResolvedBundle:
         """:meth:`Bundle.host_options` with the images pinned by id, the digest, and the seed
         and overlay files taken from their snapshots (never from the bundle folder)."""
         return self.bundle.host_options(image_ids=self.image_ids, digest=self.digest, seed_root=self.seed_root,
-                                        files_root=self.files_root)
+                                        files_root=self.files_root, tape_root=self.tape_root)
 
 
 def canonical_json(value: Any) -> bytes:
@@ -82,7 +90,7 @@ _SIZE_LIMITS = ("memory", "max_file_size", "tmp_size", "workspace_quota_bytes")
 
 
 def canonical_manifest(bundle: Bundle, image_ids: Mapping[str, str], *, seed: str | None,
-                       overlay_files: str | None) -> dict[str, Any]:
+                       overlay_files: str | None, tape: str | None = None) -> dict[str, Any]:
     """The manifest the digest is of (see the module docstring).
 
     Args:
@@ -90,6 +98,8 @@ def canonical_manifest(bundle: Bundle, image_ids: Mapping[str, str], *, seed: st
         image_ids: image name -> id for every image of :meth:`Bundle.image_refs`.
         seed / overlay_files: the :func:`tree_digest` of the seed and overlay snapshots (None
             without them).
+        tape: the :func:`tape_digest` of the tape folder's snapshot (None: the manifest's
+            ``tape`` as written, a ``sha256:`` digest or nothing).
     """
     manifest = bundle.manifest
     world = bundle.world
@@ -115,8 +125,36 @@ def canonical_manifest(bundle: Bundle, image_ids: Mapping[str, str], *, seed: st
         "capabilities": manifest.capabilities.model_dump(mode="json"),
         "episode": manifest.episode.model_dump(mode="json"),
         "assertions": list(manifest.assertions),
-        "tape": manifest.tape,
+        "tape": tape if tape is not None else manifest.tape,
     }
+
+
+def tape_digest(folder: Path) -> str:
+    """The content digest of a recorded tape folder: ``sha256:`` of the canonical JSON of the
+    sha256 of ``tape.jsonl``, the payload references its entries make (each payload checked
+    against its name, so the references stand for the bytes) and the sha256 of
+    ``workspace-effects.jsonl`` (None when absent). Stray files do not count.
+
+    Raises:
+        BundleError: the tape cannot be read, or a payload is missing or altered.
+    """
+    tape = TapeFolder(folder)
+    try:
+        entries = tape.entries()
+        refs = sorted({ref for e in entries for ref in (e.request.payload_ref, e.response.payload_ref)})
+        for ref in refs:
+            tape.get_payload(ref)
+        effects = folder / EFFECTS_FILE
+        content = {
+            "tape": sha256_digest(tape.tape_path.read_bytes()),
+            "payloads": refs,
+            "effects": sha256_digest(effects.read_bytes()) if effects.is_file() else None,
+        }
+    except TapeError as err:
+        raise BundleError(f"the bundle's tape {folder} is not sound: {err}") from None
+    except OSError as err:
+        raise BundleError(f"the bundle's tape {folder} cannot be read: {err.strerror}") from None
+    return sha256_digest(tape_canonical_json(content))
 
 
 def image_ids(bundle: Bundle, resolve: Resolver) -> dict[str, str]:
@@ -158,10 +196,14 @@ def resolve(bundle: Bundle, resolver: Resolver, *, store: Path | None = None) ->
     seed = snapshot_tree(bundle.seed_root, store) if bundle.seed_root is not None else None
     files_root = bundle.world.tools.files_root
     files = snapshot_tree(files_root, store) if files_root is not None else None
+    # The tape runs from its snapshot too, and its digest is of that snapshot's content.
+    tape = snapshot_tree(bundle.tape_root, store) if bundle.tape_root is not None else None
     manifest = canonical_manifest(bundle, ids, seed=seed[0] if seed else None,
-                                  overlay_files=files[0] if files else None)
+                                  overlay_files=files[0] if files else None,
+                                  tape=tape_digest(tape[1]) if tape else None)
     return ResolvedBundle(bundle=bundle, manifest=manifest, digest=digest_of(manifest), image_ids=ids,
-                          seed_root=seed[1] if seed else None, files_root=files[1] if files else None)
+                          seed_root=seed[1] if seed else None, files_root=files[1] if files else None,
+                          tape_root=tape[1] if tape else None)
 
 
 async def resolve_images(provider: Provider, refs: list[str]) -> dict[str, str | None]:
@@ -180,4 +222,4 @@ async def resolve_bundle(bundle: Bundle, provider: Provider) -> ResolvedBundle:
 
 
 __all__ = ["ResolvedBundle", "Resolver", "canonical_json", "canonical_manifest", "digest_of", "image_ids",
-           "resolve", "resolve_bundle", "resolve_images", "tree_digest"]
+           "resolve", "resolve_bundle", "resolve_images", "tape_digest", "tree_digest"]

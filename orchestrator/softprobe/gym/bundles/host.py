@@ -16,7 +16,7 @@ from softprobe.gym.providers.base import Provider
 #: ``create_host_environment`` keyword of one of them too is a conflict (``world`` is set by the
 #: ``tools``, ``tool_files``, ``services`` and ``network`` keywords).
 BUNDLE_OPTIONS = ("image", "seed_root", "world", "capabilities", "container", "max_steps", "tool_timeout_s",
-                  "max_tool_timeout_s", "bundle_digest")
+                  "max_tool_timeout_s", "bundle_digest", "bundle_tape")
 
 
 def resolve_now(bundle: str | Path | Bundle | ResolvedBundle, *, provider: Provider | None,

@@ -15,6 +15,7 @@ from softprobe.gym.bundles.model import MANIFEST_NAME, BundleLimits, BundleManif
 from softprobe.gym.errors import BundleError, ConfigurationError
 from softprobe.gym.providers.archive import build_overlay_archive
 from softprobe.gym.settings import Capabilities
+from softprobe.gym.tapes.store import TAPE_FILE
 from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolOverlay, World, find_cycle
 from softprobe.gym.yamllines import Loc, LocatedYaml, YamlFileError, error_message, read_yaml
 
@@ -99,8 +100,11 @@ class _Checker:
             except ConfigurationError as err:
                 self.problems.append(self.doc.problem(("overlay", "files"), str(err)))
                 overlay_files = None
-        if manifest.tape is not None and manifest.tape_is_path:
-            self.inside(("tape",), manifest.tape)
+        tape = self.folder(("tape",), manifest.tape) if manifest.tape_is_path else None
+        if tape is not None and not (tape / TAPE_FILE).is_file():
+            self.problems.append(doc.problem(("tape",), f"the folder {manifest.tape!r} is not a recorded tape (it has "
+                                             f"no {TAPE_FILE}; record one with tape_mode='record')"))
+            tape = None
         services, builds = self.services()
         network = manifest.network or NetworkPolicy(mode="services" if services else "none")
         if services and network.mode == "none":
@@ -116,7 +120,7 @@ class _Checker:
                 self.problems += [doc.problem((), error_message(e["msg"])) for e in err.errors()]
         if self.problems or world is None:
             raise BundleError("invalid bundle", _by_line(self.problems))
-        return Bundle(root=self.root, manifest=manifest, world=world, seed_root=seed, builds=builds)
+        return Bundle(root=self.root, manifest=manifest, world=world, seed_root=seed, builds=builds, tape_root=tape)
 
     # -- paths -----------------------------------------------------------------------------------
 

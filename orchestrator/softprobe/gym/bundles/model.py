@@ -107,7 +107,9 @@ class BundleManifest(BaseModel):
     episode: EpisodePolicy = Field(default_factory=EpisodePolicy)
     #: Promptfoo assertions on the finished episode; host side only, never in the world.
     assertions: tuple[dict[StrictStr, Any], ...] = ()
-    #: A dependency tape: a ``sha256:`` digest or a path inside the bundle (shape only, for now).
+    #: A dependency tape: a path inside the bundle to a recorded tape folder (what a host made
+    #: from the bundle with ``tape_mode="replay"`` and no ``tape=`` replays), or a ``sha256:``
+    #: digest (recorded in the bundle's digest; replaying one is not supported yet).
     tape: StrictStr | None = None
     #: Actions ``softprobe-gym bundle run`` takes after ``fs.list`` (not part of the digest).
     demo: tuple[Action, ...] = ()
@@ -141,7 +143,7 @@ class BundleManifest(BaseModel):
 
     @property
     def tape_is_path(self) -> bool:
-        """Whether ``tape`` names a file of the bundle (rather than a digest)."""
+        """Whether ``tape`` names a folder of the bundle (rather than a digest)."""
         return self.tape is not None and not self.tape.startswith("sha256:")
 
 

@@ -158,7 +158,12 @@ def _parser() -> argparse.ArgumentParser:
             "with 'bundle: DIR' runs on that environment bundle's world (its image, seed, tools, "
             "services, network, limits and episode policy replace the suite's image, seed and "
             "limits), is graded with the bundle's assertions too, and records the bundle's digest "
-            "in results.jsonl and summary.json (--ray is refused for such suites). Ctrl-C stops launching, "
+            "in results.jsonl and summary.json (--ray is refused for such suites). With --record every "
+            "task records its dependency tape into its episode folder; with --replay RUN_DIR every task "
+            "replays the tape it recorded in that earlier run (a task without one is an error before "
+            "anything runs), so its world's services are not started; a suite file may also set "
+            "tape_mode/tape per suite or task. results.jsonl and summary.json ('tapes') carry each "
+            "task's tape mode, tape folder and closure-report run level. Ctrl-C stops launching, "
             "destroys running episodes' containers and writes partial results. Exit code 0 when "
             "all tasks pass, 1 when some fail, error or did not run, 2 on a usage or "
             "infrastructure error, 130 when interrupted."
@@ -170,7 +175,13 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--resume", action="store_true", help="skip tasks already finished in DIR")
     evaluate.add_argument("--backend", choices=["auto", "native", "cli"], help="grading backend (default: the suite's)")
     evaluate.add_argument("--ray", metavar="auto|ADDRESS",
-                          help="run the episodes across a Ray cluster (needs the ray extra)")
+                          help="run the episodes across a Ray cluster (needs the ray extra; not with tapes)")
+    taping = evaluate.add_mutually_exclusive_group()
+    taping.add_argument("--record", action="store_true",
+                        help="every task records its dependency tape into its episode folder (runs/episodes/<id>/tape)")
+    taping.add_argument("--replay", type=Path, metavar="RUN_DIR",
+                        help="every task replays the tape it recorded in RUN_DIR (an earlier --out of --record), "
+                        "without its world's services; --out must be another folder")
     _add_runtime(evaluate)
     evaluate.set_defaults(run=_run_eval)
 
@@ -299,8 +310,8 @@ def _run_grade(args: argparse.Namespace) -> int:
 def _run_eval(args: argparse.Namespace) -> int:
     import signal
 
-    from softprobe.gym.evals.runner import preflight_suite, run_suite
-    from softprobe.gym.evals.suite import load_suite
+    from softprobe.gym.evals.runner import plan_tapes, preflight_suite, run_suite, select_tasks
+    from softprobe.gym.evals.suite import SuiteError, load_suite
     from softprobe.promptfoo_adapter import PromptfooAdapterError
 
     if args.concurrency is not None and args.concurrency < 1:
@@ -309,6 +320,11 @@ def _run_eval(args: argparse.Namespace) -> int:
     try:
         suite = load_suite(args.suite)
         preflight_suite(suite)  # before anything is written
+        if args.replay is not None:  # every task's tape found, before anything is written
+            if args.replay.resolve() == args.out.resolve():
+                raise SuiteError(f"--replay {args.replay} into the same --out would clear the tapes it replays; "
+                                 "write the replay run into another folder")
+            plan_tapes(suite, select_tasks(suite), replay_from=args.replay)
     except GymError as err:
         print(f"softprobe-gym: error: {terminal_safe(err, keep_newlines=True)}", file=sys.stderr)
         return 2
@@ -327,6 +343,7 @@ def _run_eval(args: argparse.Namespace) -> int:
                 suite, args.out, concurrency=args.concurrency, resume=args.resume, backend=args.backend,
                 progress=progress,
                 ray_address=args.ray, preflight=False,  # done above, before anything was written
+                record=args.record, replay_from=args.replay,
             ))
             loop.add_signal_handler(signal.SIGINT, interrupt)
             try:
@@ -344,6 +361,9 @@ def _run_eval(args: argparse.Namespace) -> int:
         f"{summary['passed']}/{summary['ran']} tasks passed ({summary['failed']} failed, "
         f"{summary['errored']} errors) in {summary['wall_s']:.1f} s; report: {args.out / 'report.html'}"
     )
+    for taped in summary.get("tapes", []):
+        print(f"  {terminal_safe(taped['id'])}: {taped['tape_mode']} {terminal_safe(taped['tape'])} "
+              f"(run level {taped['run_level']})")
     if outcome.interrupted:
         return 130
     return 0 if summary["passed"] == summary["planned"] else 1

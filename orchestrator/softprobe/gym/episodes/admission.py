@@ -47,11 +47,13 @@ class Admission:
         await self.hold_slot(episode)
         try:
             episode.require_not_destroyed("reset")  # destroyed while it waited
-            runtime = await self._take_from_pool(seed_root)
+            # A pooled sandbox has the host's world: not for an attempt started without services.
+            pooled = self._registry.attempt_world(episode) == self._registry.attempt_world(None)
+            runtime = await self._take_from_pool(seed_root) if pooled else None
             if runtime is None:
                 labels = self._registry.labels(episode.episode_id)
                 runtime = await Runtime.start(
-                    self._provider, self._registry.spec(labels=labels, seed=True, seed_root=seed_root)
+                    self._provider, self._registry.spec(labels=labels, seed=True, seed_root=seed_root, episode=episode)
                 )
         except BaseException:
             self.release_slot(episode)
@@ -64,7 +66,7 @@ class Admission:
         self._checkpoints.use(entry, episode)
         await self.hold_slot(episode)
         labels = self._registry.labels(episode.episode_id)
-        spec = self._registry.spec(labels=labels, seed=False, image=entry.record.image_id)
+        spec = self._registry.spec(labels=labels, seed=False, image=entry.record.image_id, episode=episode)
         return await Runtime.start(self._provider, spec)
 
     async def _take_from_pool(self, seed_root: Path | None) -> Runtime | None:

@@ -70,6 +70,25 @@ class HostConfig(BaseModel):
     #: Dependency tapes (softprobe.gym.tapes): off, record or replay, and the tape folder.
     tape_mode: Literal["off", "record", "replay"] = "off"
     tape: Path | None = None
+    #: The tape the bundle names (its snapshot folder, or a ``sha256:`` digest): what
+    #: ``tape_mode="replay"`` without ``tape=`` replays.
+    bundle_tape: StrictStr | None = None
+    #: A replay miss raises ReplayMissError (the step still recorded) instead of a step error.
+    replay_strict: StrictBool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bundle_tape(cls, data: Any) -> Any:
+        """Replay without ``tape=`` on a bundle that names a tape: that tape."""
+        if not isinstance(data, dict) or data.get("tape_mode") != "replay" or data.get("tape") is not None:
+            return data
+        named = data.get("bundle_tape")
+        if isinstance(named, str) and named.startswith("sha256:"):
+            raise ValueError(
+                f"the bundle names its tape by digest ({named[:19]}...), and only a tape folder inside the bundle "
+                "can be replayed for now: make the bundle's tape: a path, or pass tape=<a recorded tape folder>"
+            )
+        return {**data, "tape": named} if isinstance(named, str) else data
 
     @field_validator("run_root", "seed_root", "tape")
     @classmethod
@@ -92,7 +111,7 @@ class HostConfig(BaseModel):
             )
         if self.tape_mode == "replay":
             if self.tape is None:
-                raise ValueError("tape_mode='replay' needs tape=<a recorded tape folder>")
+                raise ValueError("tape_mode='replay' needs tape=<a recorded tape folder> (or a bundle with a tape:)")
             if not (self.tape / "tape.jsonl").is_file():
                 raise ValueError(f"tape {self.tape} has no tape.jsonl: replay needs a recorded tape folder")
         if self.capabilities.subject_state_import:

@@ -69,6 +69,7 @@ def create_host_environment(
     bundle: str | Path | Bundle | ResolvedBundle | None = None,
     tape_mode: str = "off",
     tape: str | Path | None = None,
+    replay_strict: bool = False,
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own sandbox (a Docker container by default).
 
@@ -144,7 +145,12 @@ def create_host_environment(
             ``replay_miss``). Every finalize writes ``closure-report.json``.
         tape: with ``"replay"``, the recorded tape folder (holding ``tape.jsonl``); with
             ``"record"``, a folder under which each episode records to ``<tape>/<episode_id>/``
-            (default: ``<episode dir>/tape/``).
+            (default: ``<episode dir>/tape/``). Without ``tape=``, a host made from a bundle
+            whose manifest names a ``tape:`` replays that one.
+        replay_strict: with ``False`` (default) a replay miss is the step error ``replay_miss``;
+            with ``True`` the step raises :class:`~softprobe.gym.errors.ReplayMissError` instead
+            (its ``step_result`` is the step, which is recorded in the trajectory all the same,
+            and the episode stays usable). A prefix fork over a miss then raises it too.
 
     Raises:
         BundleError: the bundle is invalid or names an image the provider does not have (a
@@ -182,7 +188,7 @@ def create_host_environment(
         provider=provider, sweep_on_start=sweep_on_start,
         pool_size=pool_size, max_containers=max_containers, workspace_tracking=workspace_tracking,
         artifact_budget_bytes=artifact_budget_bytes, checkpoint_budget_bytes=checkpoint_budget_bytes,
-        tape_mode=tape_mode, tape=tape,
+        tape_mode=tape_mode, tape=tape, replay_strict=replay_strict,
         **options,
     )
     return open_host(config)

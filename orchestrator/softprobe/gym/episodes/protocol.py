@@ -116,6 +116,8 @@ class Host(Protocol):
             ShimReplyError: the shim's reply could not be read; the step is not recorded, the
                 episode is not broken (the tool may have had effects).
             OnStepHookError: the ``on_step`` hook raised (the step ran and is recorded).
+            ReplayMissError: on a host made with ``replay_strict=True``, the tape had no answer
+                for the call (nothing ran; the step is recorded, as ``.step_result``).
         """
         ...
 

@@ -26,6 +26,7 @@ from softprobe.gym.tapes.model import TapeMode
 from softprobe.gym.tapes.session import TapedCall, TapeSession
 from softprobe.gym.tapes.store import TapeFolder
 from softprobe.gym.tracing import EpisodeTrace, current_tracing
+from softprobe.gym.worlds import NetworkPolicy, World
 
 
 @dataclass
@@ -118,9 +119,11 @@ class EpisodeRegistry:
         return {L.MANAGED: "true", L.EPISODE: episode_id, L.OWNER: L.current_owner(), L.HOST: self.host_id}
 
     def spec(
-        self, *, labels: dict[str, str], seed: bool, image: str | None = None, seed_root: Path | None = None
+        self, *, labels: dict[str, str], seed: bool, image: str | None = None, seed_root: Path | None = None,
+        episode: Episode | None = None,
     ) -> SandboxSpec:
-        """A sandbox of the host's image (or ``image``, a checkpoint), seeded or not."""
+        """A sandbox of the host's image (or ``image``, a checkpoint), seeded or not, with the
+        world of ``episode``'s next attempt (:meth:`attempt_world`; None: a warm-pool sandbox)."""
         return SandboxSpec(
             image=image or self.config.image,
             settings=self.config.container,
@@ -130,16 +133,39 @@ class EpisodeRegistry:
             # checkpoint that already holds one.
             copy_seed=seed or image is None,
             digest_mode=self.config.workspace_tracking,
-            world=self.config.world,
+            world=self.attempt_world(episode),
         )
+
+    def replays(self, episode: Episode | None) -> bool:
+        """Whether ``episode``'s next attempt (None: one with the host's options) serves every
+        declared tool call from a tape and never runs one live: tape mode ``replay``, or a fork's
+        child that replays its prefix and then its parent's source tape (see
+        :func:`~softprobe.gym.tapes.attempt.open_session`, which opens that attempt's session)."""
+        mode = (episode.tape_mode if episode is not None else None) or self.config.tape_mode
+        prefix = episode.tape_prefix if episode is not None else None
+        if prefix is not None:
+            return mode == "replay" or prefix[2] is not None
+        return mode == "replay"
+
+    def attempt_world(self, episode: Episode | None) -> World:
+        """The world ``episode``'s next attempt starts with: the host's, but a replaying attempt
+        (:meth:`replays`) gets none of its services (the tape serves the tools; a miss fails
+        closed and never reaches a service), and network mode ``services`` becomes ``none``.
+        ``egress`` stays as it is (its proxy is the world's, not a service)."""
+        world = self.config.world
+        if not world.services or not self.replays(episode):
+            return world
+        network = world.network if world.network.mode == "egress" else NetworkPolicy(mode="none")
+        return world.model_copy(update={"services": (), "network": network})
 
     def start_tape(self, episode: Episode) -> None:
         """Give the episode a new attempt's tape session (at reset, or a checkpoint fork)."""
         prefix, branch, source = episode.tape_prefix or (None, 0, None)
+        network_mode = self.attempt_world(episode).network.mode  # what this attempt's sandbox was given
         episode.tape = open_session(
             host_mode=self.config.tape_mode, host_tape=self.config.tape, episode_mode=episode.tape_mode,
             episode_tape=episode.tape_path, episode_dir=episode.store.dir, episode_id=episode.episode_id,
-            network_mode=self.config.world.network.mode, prefix=prefix, prefix_steps=branch,
+            network_mode=network_mode, prefix=prefix, prefix_steps=branch,
             replay_source=source,
         )
         episode.tape_prefix = None  # inherited once: a later reset begins a tape of its own

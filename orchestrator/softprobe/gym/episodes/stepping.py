@@ -12,7 +12,7 @@ from softprobe.gym.episodes.admission import Admission
 from softprobe.gym.episodes.config import HostConfig
 from softprobe.gym.episodes.hooks import StepContext, call_hook
 from softprobe.gym.episodes.registry import Episode
-from softprobe.gym.errors import GymError, OnStepHookError, SandboxLostError
+from softprobe.gym.errors import GymError, OnStepHookError, ReplayMissError, SandboxLostError
 from softprobe.gym.results import EpisodeState, StepError, StepResult
 from softprobe.gym.shim.protocol import CallResult
 from softprobe.gym.shim.runtime import Runtime
@@ -94,6 +94,10 @@ class Stepper:
             ) from hook_error
         if score_error is not None:
             raise score_error
+        miss = result.diagnostics.get("replay_miss") if self._config.replay_strict else None
+        if isinstance(miss, dict) and result.error is not None:  # strict replay: recorded above, then raised
+            fields = ("category", "operation", "call_site", "canonical_request_digest", "canonical_request")
+            raise ReplayMissError(result.error.message, **{k: str(miss.get(k, "")) for k in fields}, step_result=result)
         return result
 
     async def _through_tape(

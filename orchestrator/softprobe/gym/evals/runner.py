@@ -5,6 +5,12 @@ parallelism. A finished rollout is recorded at once in ``DIR/tasks/<id>.json`` (
 skips); when all are done, every rollout is graded in one batch and ``results.jsonl``,
 ``summary.json`` and ``report.html`` are written. An interrupted run destroys its running
 episodes' containers and grades what finished.
+
+Dependency tapes (:func:`plan_tapes`): each task records or replays as the suite file says
+(:meth:`~softprobe.gym.evals.suite.Suite.tape_of`), or as the run says: ``record=True`` (every task
+records into its episode folder) or ``replay_from=RUN_DIR`` (every task replays the tape it
+recorded in that earlier run). Each result carries its tape mode, tape folder and the run level
+of its closure report; ``summary.json`` lists them under ``tapes``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.episodes.protocol import Host
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
 from softprobe.gym.errors import ConfigurationError
-from softprobe.gym.evals.suite import Suite, SuiteError, Task
+from softprobe.gym.evals.suite import Suite, SuiteError, TapeModeName, Task
 from softprobe.gym.paths import remove_tree
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.text import terminal_safe
@@ -53,6 +59,9 @@ class TaskRecord(BaseModel):
     bundle_digest: str | None = None  # the environment bundle it ran on
     # That bundle's assertions as resolved: grading uses these, never the folder as it is later.
     bundle_assertions: list[dict[str, Any]] | None = None
+    tape_mode: str | None = None  # off, record or replay (None: the episode left no record of it)
+    tape: str | None = None  # the tape folder it recorded into or replayed
+    run_level: str | None = None  # of its closure report
 
 
 class TaskResult(BaseModel):
@@ -79,6 +88,9 @@ class TaskResult(BaseModel):
     grading: dict[str, str] = {}
     assertions: list[dict[str, Any]]
     bundle_digest: str | None = None
+    tape_mode: str | None = None
+    tape: str | None = None
+    run_level: str | None = None
 
 
 class SuiteOutcome(BaseModel):
@@ -131,6 +143,7 @@ def preflight_suite(suite: Suite, *, check_image: bool = True) -> None:
             except SuiteError as err:
                 problems.append(f"{suite.where('tasks', i, 'policy')}: tasks.{i}.policy: {err}")
     problems += _bundle_problems(suite, check_images=check_image)
+    problems += _tape_problems(suite)
     needs_image = any(suite.bundle_of(task) is None for task in suite.tasks)
     if check_image and needs_image and not ensure_image(suite.image, log=lambda line: print(line, file=sys.stderr)):
         problems.append(
@@ -181,6 +194,83 @@ def _bundle_problems(suite: Suite, *, check_images: bool) -> list[str]:
     return problems
 
 
+def _tape_problems(suite: Suite) -> list[str]:
+    """Each task the suite file says to replay whose tape folder holds no ``tape.jsonl``."""
+    problems = []
+    for task in suite.tasks:
+        mode, folder = suite.tape_of(task)
+        if mode == "replay" and folder is not None and not (folder / "tape.jsonl").is_file():
+            loc = suite.tape_loc(task)
+            problems.append(f"{suite.where(*loc)}: {dotted(loc)}: task {task.id} replays {folder}, which is not a "
+                            "recorded tape (no tape.jsonl); record it first (tape_mode: record, or eval --record)")
+    return problems
+
+
+TaskTape = tuple[TapeModeName, Path | None]
+
+
+def plan_tapes(suite: Suite, tasks: list[Task], *, record: bool = False,
+               replay_from: Path | None = None) -> dict[str, TaskTape]:
+    """Task id -> ``(tape mode, tape folder)`` for this run.
+
+    ``record``: every task records into its episode folder (``<episode dir>/tape/``).
+    ``replay_from``: every task replays the tape it recorded in that earlier run's output
+    folder (the ``tape`` of its ``tasks/<id>.json`` there, else ``runs/episodes/<id>/tape``).
+    Neither: what the suite file says.
+
+    Raises:
+        SuiteError: both given; or a task has no recorded tape in ``replay_from`` (every such
+            task named), before anything runs.
+    """
+    if record and replay_from is not None:
+        raise SuiteError("record or replay a run, not both (--record or --replay)")
+    if record:
+        return {task.id: ("record", None) for task in tasks}
+    if replay_from is None:
+        return {task.id: suite.tape_of(task) for task in tasks}
+    plan: dict[str, TaskTape] = {}
+    missing = []
+    for task in tasks:
+        folder = _recorded_tape(replay_from, task.id)
+        if not (folder / "tape.jsonl").is_file():
+            missing.append(f"task {task.id}: no recorded tape at {folder}")
+        plan[task.id] = ("replay", folder)
+    if missing:
+        raise SuiteError(f"cannot replay {replay_from}: nothing was run; record those tasks first "
+                         "(softprobe-gym eval SUITE --record --out RUN_DIR):\n" + "\n".join(missing))
+    return plan
+
+
+def _recorded_tape(run_dir: Path, task_id: str) -> Path:
+    """The tape ``task_id`` recorded in the run ``run_dir``: as its task record says, else where a
+    recording episode writes it by default."""
+    record_path = run_dir / "tasks" / f"{task_id}.json"
+    if record_path.is_file():
+        try:
+            record = TaskRecord.model_validate_json(record_path.read_text())
+        except (OSError, ValueError):
+            record = None
+        if record is not None and record.tape_mode == "record" and record.tape:
+            return Path(record.tape)
+    return (run_dir / "runs" / "episodes" / task_id / "tape").resolve()
+
+
+def _tape_facts(episode_dir: Path) -> dict[str, str | None]:
+    """The tape mode and folder ``episode.json`` records, and the closure report's run level
+    (None for what the episode folder does not hold)."""
+    facts: dict[str, str | None] = {"tape_mode": None, "tape": None, "run_level": None}
+    try:
+        record = json.loads((episode_dir / "episode.json").read_text())
+        facts.update(tape_mode=record.get("tape_mode"), tape=record.get("tape"))
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        facts["run_level"] = json.loads((episode_dir / "closure-report.json").read_text()).get("run_level")
+    except (OSError, ValueError, AttributeError):
+        pass
+    return facts
+
+
 def _fingerprint(task: Task) -> str:
     content = task.model_dump(mode="json", exclude={"id"}, by_alias=True)
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
@@ -197,17 +287,22 @@ async def run_suite(
     ray_address: str | None = None,
     preflight: bool = True,
     provider: Provider | None = None,
+    record: bool = False,
+    replay_from: Path | None = None,
 ) -> SuiteOutcome:
     """Run ``suite`` into ``out``; see the module docstring.
 
     Args:
+        record / replay_from: see :func:`plan_tapes` (``replay_from`` must not be ``out``: a
+            task's run starts by clearing its episode folder, which holds its tape).
         preflight: check the suite first (:func:`preflight_suite`, in a worker thread); pass
             False when the caller has just done so.
         provider: where the tasks run (default: Docker; e.g. ``LocalProvider()`` to try a
             suite without an engine; not with ``ray_address``). The caller closes it.
 
     Raises:
-        SuiteError: :func:`preflight_suite` found a problem (nothing was run or written).
+        SuiteError: :func:`preflight_suite` or :func:`plan_tapes` found a problem, tapes were
+            asked for on Ray, or ``replay_from`` is ``out`` (nothing was run or written).
         GymError: infrastructure failed (Docker, the grader); partial outputs are still written.
     """
     started = time.perf_counter()
@@ -221,6 +316,12 @@ async def run_suite(
                 f"the suite cannot run: image {suite.image!r} is not where the {provider.name} provider runs"
             )
     tasks = select_tasks(suite)
+    if replay_from is not None and replay_from.resolve() == out.resolve():
+        raise SuiteError(f"--replay {replay_from} into the same --out would clear the tapes it replays; "
+                         "write the replay run into another folder")
+    tapes = plan_tapes(suite, tasks, record=record, replay_from=replay_from)
+    if ray_address is not None and any(mode != "off" for mode, _ in tapes.values()):
+        raise SuiteError("tasks that record or replay a tape cannot run on Ray yet; run this suite without --ray")
     records_dir = out / "tasks"
     records_dir.mkdir(parents=True, exist_ok=True)
     finished = {p.stem for p in records_dir.glob("*.json")} if resume else set()
@@ -304,7 +405,7 @@ async def run_suite(
         folder = suite.bundle_of(task)
         async with limit:
             record = await _run_one(hosts[folder], suite, task, out, reward_from,
-                                     bundles[folder] if folder is not None else None)
+                                     bundles[folder] if folder is not None else None, tapes[task.id])
         (records_dir / f"{task.id}.json").write_text(record.model_dump_json())
         done += 1
         outcome = "finished" if record.ok else f"failed: {record.error}"
@@ -364,7 +465,8 @@ async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any])
 
 
 async def _run_one(
-    host: Host, suite: Suite, task: Task, out: Path, reward_from: Any, bundle: ResolvedBundle | None = None
+    host: Host, suite: Suite, task: Task, out: Path, reward_from: Any, bundle: ResolvedBundle | None = None,
+    tape: TaskTape = ("off", None),
 ) -> TaskRecord:
     """One task's rollout on ``host`` (local or Ray); a failure is the task's record, never raised."""
     started = time.perf_counter()
@@ -382,14 +484,19 @@ async def _run_one(
         reward_from=reward_from if task.checks else None,
         max_steps=max_steps,
         seed_root=seed,  # None: the host's (or the bundle's) seed
+        tape_mode=None if tape[0] == "off" else tape[0],
+        tape=tape[1],
     )
+    episode_dir = out / "runs" / "episodes" / task.id
     try:
         result = await run_rollout(host, spec)
     except Exception as err:  # a task's failure is its result; other tasks go on
-        return TaskRecord(id=task.id, ok=False, error=f"{type(err).__name__}: {err}", duration_ms=_ms(started),
-                          bundle_digest=digest, bundle_assertions=assertions)
-    return TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=result.model_dump(mode="json"),
+        failed = TaskRecord(id=task.id, ok=False, error=f"{type(err).__name__}: {err}", duration_ms=_ms(started),
+                            bundle_digest=digest, bundle_assertions=assertions)
+        return failed.model_copy(update=_tape_facts(episode_dir))
+    done = TaskRecord(id=task.id, ok=True, duration_ms=_ms(started), rollout=result.model_dump(mode="json"),
                       bundle_digest=digest, bundle_assertions=assertions)
+    return done.model_copy(update=_tape_facts(episode_dir))
 
 
 async def grade_records(
@@ -496,6 +603,7 @@ def _task_result(task: Task, record: TaskRecord, graded: Any, grading: dict[str,
         duration_ms=record.duration_ms, trajectory_digest=rollout.get("trajectory_digest"),
         source_trace_id=rollout.get("source_trace_id"), artifacts=rollout.get("artifacts_dir"),
         grading=grading, assertions=assertions, bundle_digest=record.bundle_digest,
+        tape_mode=record.tape_mode, tape=record.tape, run_level=record.run_level,
     )
 
 
@@ -538,6 +646,9 @@ def _summary(
         "wall_s": round(wall_s, 3),
         # Every bundle a task ran on: the worlds this summary is about.
         "bundle_digests": sorted({r.bundle_digest for r in results if r.bundle_digest is not None}),
+        # Every task that recorded or replayed a tape: which, and how reproducible its run was.
+        "tapes": [{"id": r.id, "tape_mode": r.tape_mode, "tape": r.tape, "run_level": r.run_level}
+                  for r in results if r.tape_mode in ("record", "replay")],
     }
 
 

@@ -8,9 +8,12 @@ concurrency: 2
 limits: {max_steps: 20, tool_timeout_s: 30, container: {memory: 512m}}
 split: {train_ratio: 0.75, seed: 7, run: eval}     # optional
 bundle: ./worlds/desk              # optional environment bundle folder for every task
+tape_mode: replay                  # optional: off | record | replay (default: replay with a tape, else off)
+tape: ./tapes                      # optional: a folder of tapes, one per task: ./tapes/<task id>/
 tasks:
   - id: refund-a42
     bundle: ./worlds/billing       # optional: this task's bundle (overrides the suite's)
+    tape: ./tapes/refund-a42-v2    # optional: exactly this task's tape folder (tape_mode: too)
     files: {"README.md": "refunds go in refund-note.md"}   # optional seed files of its own
     actions:                      # or: policy: my_policies:refund (module:function)
       - {type: tool, name: crm.get_account, args: {id: A-42}}
@@ -28,6 +31,12 @@ network, limits, capabilities and episode policy replace the suite's ``image``, 
 ``limits.max_steps`` still holds when the bundle's episode policy sets none), and the bundle's
 assertions, as resolved when the run started, are added to the task's. A ``limits`` entry that
 no task uses (every task's bundle replaces it) is refused by the preflight, at its line.
+
+Dependency tapes (:meth:`Suite.tape_of`): a task's ``tape_mode``/``tape`` win over the suite's.
+A task's ``tape`` is exactly its tape folder; the suite's is a folder holding one per task,
+``<tape>/<task id>/``. ``record`` without a tape records into the task's episode folder
+(``<episode dir>/tape/``). A task to replay whose tape has no ``tape.jsonl`` is refused by the
+preflight, at its line, before anything runs.
 """
 
 from __future__ import annotations
@@ -97,11 +106,16 @@ class Split(BaseModel):
     run: Literal["train", "eval"] = "eval"
 
 
+TapeModeName = Literal["off", "record", "replay"]
+
+
 class Task(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     id: str
     bundle: Path | None = None
+    tape_mode: TapeModeName | None = None
+    tape: Path | None = None
     seed: Path | None = None
     files: dict[str, str] | None = None
     actions: list[Action] | None = None
@@ -141,6 +155,8 @@ class Suite(BaseModel):
     image: str = "softprobe/support-desk:latest"
     seed: Path | None = None
     bundle: Path | None = None
+    tape_mode: TapeModeName | None = None
+    tape: Path | None = None
     concurrency: int = Field(default=2, ge=1, le=256)
     backend: Literal["native", "cli", "auto"] = "auto"
     limits: Limits = Field(default_factory=Limits)
@@ -173,6 +189,26 @@ class Suite(BaseModel):
     def bundle_loc(self, task: Task) -> tuple[str | int, ...]:
         """Where the suite file names ``task``'s bundle (for problems)."""
         return ("tasks", self.tasks.index(task), "bundle") if task.bundle is not None else ("bundle",)
+
+    def tape_of(self, task: Task) -> tuple[TapeModeName, Path | None]:
+        """``(tape mode, tape folder)`` of ``task`` as the suite file sets it: its own
+        ``tape_mode``, else the suite's, else ``replay`` when a tape is named and ``off`` when
+        none is; its own ``tape`` (exactly its folder), else ``<suite tape>/<task id>``, else
+        None (``record`` then writes into the task's episode folder). ``off`` has no folder."""
+        folder = self.resolve(task.tape)
+        if folder is None and self.tape is not None:
+            folder = (self.base_dir / self.tape / task.id).resolve()
+        mode: TapeModeName = task.tape_mode or self.tape_mode or ("replay" if folder is not None else "off")
+        return mode, folder if mode != "off" else None
+
+    def tape_loc(self, task: Task) -> tuple[str | int, ...]:
+        """Where the suite file names ``task``'s tape (for problems)."""
+        index = self.tasks.index(task)
+        if task.tape is not None:
+            return ("tasks", index, "tape")
+        if task.tape_mode is not None:
+            return ("tasks", index, "tape_mode")
+        return ("tape",) if self.tape is not None else ("tape_mode",)
 
     def policy(self, task: Task) -> Callable[..., Any]:
         """Import ``module:function`` (the suite's folder is searched first)."""

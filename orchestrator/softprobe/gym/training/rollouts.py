@@ -28,6 +28,8 @@ class RolloutSpec(BaseModel):
         max_steps: truncate after this many steps.
         seed_root: the episode's own seed folder on this machine (shipped as bytes to a Ray
             node), or None for the host's seed.
+        tape_mode / tape: the episode's dependency tape (None: the host's); see
+            :func:`~softprobe.gym.training.session.create_training_session`.
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -37,6 +39,8 @@ class RolloutSpec(BaseModel):
     reward_from: Any = None
     max_steps: int | None = None
     seed_root: Path | None = None
+    tape_mode: str | None = None
+    tape: Path | None = None
 
 
 async def run_rollout(host: Host, spec: RolloutSpec) -> RolloutResult:
@@ -60,7 +64,7 @@ async def run_local_rollout(host: HostEnvironment, spec: RolloutSpec) -> Rollout
     """:func:`run_rollout` on a local host (also what a Ray node runs)."""
     session = create_training_session(
         host, episode_id=spec.episode_id, reward_from=spec.reward_from, max_steps=spec.max_steps,
-        seed_root=spec.seed_root,
+        seed_root=spec.seed_root, tape_mode=spec.tape_mode, tape=spec.tape,
     )
     try:
         async for _ in session.rollout(spec.actions):

@@ -20,7 +20,7 @@ from typing import (
 from pydantic import BaseModel, Field
 
 from softprobe.gym.episodes.host import HostEnvironment
-from softprobe.gym.errors import EpisodeNotFoundError, GymError, LifecycleError
+from softprobe.gym.errors import ConfigurationError, EpisodeNotFoundError, GymError, LifecycleError
 from softprobe.gym.results import StepResult
 from softprobe.gym.training.export import PromptfooInput, final_output_of, trajectory_digest, trajectory_steps
 from softprobe.gym.training.rewards import Aggregate, Facts, RewardFrom, RewardTracker
@@ -92,9 +92,13 @@ class TrainingSession:
         max_steps: int | None = None,
         reward_aggregate: Aggregate = "sum",
         seed_root: Path | None = None,
+        tape_mode: str | None = None,
+        tape: str | Path | None = None,
     ) -> None:
         self.host = host
         self.seed_root = seed_root
+        self.tape_mode = tape_mode
+        self.tape = tape
         self.episode_id = episode_id
         self.max_steps = max_steps
         self.rewards = RewardTracker(reward_from, reward_aggregate) if reward_from is not None else None
@@ -118,6 +122,11 @@ class TrainingSession:
         if self.episode_id is not None:
             try:
                 self.host.state(episode_id=self.episode_id)
+                if self.tape_mode is not None or self.tape is not None:
+                    raise ConfigurationError(
+                        f"episode {self.episode_id!r} exists already, so its tape is set: pass tape_mode= and "
+                        "tape= to create_episode, or let the session create the episode"
+                    )
                 if self.max_steps is not None:
                     self.host.set_max_steps(episode_id=self.episode_id, max_steps=self.max_steps)
                 self._ready = True
@@ -125,7 +134,8 @@ class TrainingSession:
             except EpisodeNotFoundError:
                 pass
         handle = await self.host.create_episode(
-            episode_id=self.episode_id, max_steps=self.max_steps, seed_root=self.seed_root
+            episode_id=self.episode_id, max_steps=self.max_steps, seed_root=self.seed_root,
+            tape_mode=self.tape_mode, tape=self.tape,
         )
         self.episode_id = handle.episode_id
         self._ready = True
@@ -287,6 +297,8 @@ def create_training_session(
     max_steps: int | None = None,
     reward_aggregate: Aggregate = "sum",
     seed_root: Path | None = None,
+    tape_mode: str | None = None,
+    tape: str | Path | None = None,
 ) -> TrainingSession:
     """A training session over one episode of ``host`` (created if it does not exist).
 
@@ -301,6 +313,17 @@ def create_training_session(
         reward_aggregate: how a step's ``reward`` is made from its components: ``"sum"``
             (default), ``"mean"`` or a function of the component list.
         seed_root: the episode's own seed folder (when the session creates the episode).
+        tape_mode / tape: the episode's dependency tape (passed to ``create_episode``; None: the
+            host's). ``tape_mode="replay", tape=<a recorded tape folder>`` pins a recorded world:
+            every rollout (each one a reset) is served the recorded answers to the same
+            questions, whatever the policy, and a new question is a ``replay_miss`` ("change the
+            model, keep the world"). ``"record"`` with ``tape=`` records each rollout into that
+            folder (the next rollout's reset starts it afresh).
+
+    Raises:
+        ConfigurationError: (when the episode is made: on ``await`` or the first rollout event)
+            an unknown ``tape_mode``, a replay tape without ``tape.jsonl``, or tape options for
+            an episode that exists already.
     """
     return TrainingSession(
         host,
@@ -309,6 +332,8 @@ def create_training_session(
         max_steps=max_steps,
         reward_aggregate=reward_aggregate,
         seed_root=seed_root,
+        tape_mode=tape_mode,
+        tape=tape,
     )
 
 
