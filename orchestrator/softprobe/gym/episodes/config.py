@@ -70,6 +70,8 @@ class HostConfig(BaseModel):
     #: Dependency tapes (softprobe.gym.tapes): off, record or replay, and the tape folder.
     tape_mode: Literal["off", "record", "replay"] = "off"
     tape: Path | None = None
+    #: With a tape: ``shell.exec`` recorded and replayed as CHILD_PROCESS entries.
+    record_processes: StrictBool = False
 
     @field_validator("run_root", "seed_root", "tape")
     @classmethod

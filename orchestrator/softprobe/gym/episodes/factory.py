@@ -69,6 +69,7 @@ def create_host_environment(
     bundle: str | Path | Bundle | ResolvedBundle | None = None,
     tape_mode: str = "off",
     tape: str | Path | None = None,
+    record_processes: bool = False,
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own sandbox (a Docker container by default).
 
@@ -145,6 +146,12 @@ def create_host_environment(
         tape: with ``"replay"``, the recorded tape folder (holding ``tape.jsonl``); with
             ``"record"``, a folder under which each episode records to ``<tape>/<episode_id>/``
             (default: ``<episode dir>/tape/``).
+        record_processes: with a tape, also tape every ``shell.exec`` as one ``CHILD_PROCESS``
+            entry (request: its args, cwd, time limit and the workspace digest before it;
+            response: its result and what it changed in the workspace). Replay answers it
+            without running anything and re-applies its workspace changes. Default ``False``:
+            ``shell.exec`` runs live (a replayed tape that holds ``CHILD_PROCESS`` entries is
+            served from the tape either way).
 
     Raises:
         BundleError: the bundle is invalid or names an image the provider does not have (a
@@ -182,7 +189,7 @@ def create_host_environment(
         provider=provider, sweep_on_start=sweep_on_start,
         pool_size=pool_size, max_containers=max_containers, workspace_tracking=workspace_tracking,
         artifact_budget_bytes=artifact_budget_bytes, checkpoint_budget_bytes=checkpoint_budget_bytes,
-        tape_mode=tape_mode, tape=tape,
+        tape_mode=tape_mode, tape=tape, record_processes=record_processes,
         **options,
     )
     return open_host(config)
