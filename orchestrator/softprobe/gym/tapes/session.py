@@ -16,6 +16,7 @@ that cannot be read fails closed as ``tape_corrupt``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -283,8 +284,10 @@ class TapeSession:
         if change_set is not None and workspace is not None:
             # The recorded call changed the workspace: make it so again (checked by the shim as
             # untrusted input), and hold the result to the recorded digest.
+            started = time.perf_counter()
             try:
                 base["workspace_digest"], base["changed_paths"] = await changes.apply(workspace, change_set)
+                base["change_set_ms"] = round((time.perf_counter() - started) * 1000, 3)
             except ChangeSetError as err:
                 self._depend(category, tool, "unsupported", call_site, digest, capabilities=[], note=err.kind)
                 if err.workspace_digest is not None:
