@@ -14,6 +14,8 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
     {"id": 3, "op": "exists", "path": "notes.md"}
     {"id": 4, "op": "read_text", "path": "notes.md", "max_bytes": 1048576}
     {"id": 5, "op": "overlay", "tools": {"billing.refund": {...manifest entry...}}, "archive": "<base64 tar>"}
+    {"id": 6, "op": "export_changes", "max_bytes": 8388608}   (what the last call changed, for a tape)
+    {"id": 7, "op": "apply_changes", "changes": [{"path": "a.txt", "kind": "file", "mode": 420, "data": "..."}]}
 
 Responses: ``{"id": N, "ok": true, "result": ...}`` or, when the request itself was unusable,
 ``{"id": N, "ok": false, "error": {"type": ..., "message": ...}}``. A tool that fails is *not* a
