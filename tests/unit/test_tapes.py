@@ -484,8 +484,8 @@ async def test_an_unreadable_recorded_response_fails_the_step_closed(tmp_path, l
         ("unsupported", "tape_corrupt")}
 
 
-async def test_a_taped_call_that_changed_the_workspace_is_flagged_on_replay(tmp_path, local_provider, tool_files,
-                                                                            seed_root, counter):
+async def test_a_taped_call_that_changed_the_workspace_without_a_change_set_is_flagged_on_replay(
+        tmp_path, local_provider, tool_files, seed_root, counter):
     write = tool("svc.lookup", mode="write")
     async with _host(tmp_path, local_provider, tool_files, seed_root, "rec", tape_mode="record") as host:
         await host.create_episode(episode_id="ep")
@@ -493,14 +493,14 @@ async def test_a_taped_call_that_changed_the_workspace_is_flagged_on_replay(tmp_
         plain = await host.step(episode_id="ep", action=ACTIONS[0])
         wrote = await host.step(episode_id="ep", action=write)
         assert wrote.diagnostics["changed_paths"] and not plain.diagnostics["changed_paths"]
-        # A prefix fork over it diverges, and says why.
-        with pytest.raises(ReplayDivergenceError, match="workspace changes are not replayed"):
-            await host.fork(episode_id="ep", path="prefix_reexecution", prefix_length=2)
         final = await host.finalize(episode_id="ep")
     tape = final.episode_dir / "tape"
     entries = read_entries(tape / "tape.jsonl")
     assert [e.causal_parent for e in entries] == [None, None]  # tracing is off: no span id to name
     assert TapeFolder(tape).effects() == {1: 1}
+    # A phase-1 tape: its sidecar says the call changed the workspace, but holds no change set
+    # (tests/unit/test_tape_changes.py covers the change sets that replay applies).
+    (tape / "workspace-effects.jsonl").write_text('{"sequence": 1, "changed_paths": 1}\n')
     async with _host(tmp_path, local_provider, tool_files, seed_root, "rep", tape_mode="replay", tape=tape) as host:
         await host.create_episode(episode_id="ep")
         await host.reset(episode_id="ep")

@@ -89,6 +89,8 @@ class HostConfig(BaseModel):
                 "can be replayed for now: make the bundle's tape: a path, or pass tape=<a recorded tape folder>"
             )
         return {**data, "tape": named} if isinstance(named, str) else data
+    #: With a tape: ``shell.exec`` recorded and replayed as CHILD_PROCESS entries.
+    record_processes: StrictBool = False
 
     @field_validator("run_root", "seed_root", "tape")
     @classmethod

@@ -70,6 +70,7 @@ def create_host_environment(
     tape_mode: str = "off",
     tape: str | Path | None = None,
     replay_strict: bool = False,
+    record_processes: bool = False,
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own sandbox (a Docker container by default).
 
@@ -151,6 +152,12 @@ def create_host_environment(
             with ``True`` the step raises :class:`~softprobe.gym.errors.ReplayMissError` instead
             (its ``step_result`` is the step, which is recorded in the trajectory all the same,
             and the episode stays usable). A prefix fork over a miss then raises it too.
+        record_processes: with a tape, also tape every ``shell.exec`` as one ``CHILD_PROCESS``
+            entry (request: its args, cwd, time limit and the workspace digest before it;
+            response: its result and what it changed in the workspace). Replay answers it
+            without running anything and re-applies its workspace changes. Default ``False``:
+            ``shell.exec`` runs live (a replayed tape that holds ``CHILD_PROCESS`` entries is
+            served from the tape either way).
 
     Raises:
         BundleError: the bundle is invalid or names an image the provider does not have (a
@@ -188,7 +195,7 @@ def create_host_environment(
         provider=provider, sweep_on_start=sweep_on_start,
         pool_size=pool_size, max_containers=max_containers, workspace_tracking=workspace_tracking,
         artifact_budget_bytes=artifact_budget_bytes, checkpoint_budget_bytes=checkpoint_budget_bytes,
-        tape_mode=tape_mode, tape=tape, replay_strict=replay_strict,
+        tape_mode=tape_mode, tape=tape, replay_strict=replay_strict, record_processes=record_processes,
         **options,
     )
     return open_host(config)

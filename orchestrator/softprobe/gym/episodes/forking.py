@@ -151,6 +151,8 @@ class Forker:
             episode_id=child_episode_id, max_steps=parent.max_steps, seed_root=parent.seed_root
         )
         child = self._registry.get(handle.episode_id)
+        # A child tapes processes when its parent did (its prefix and branch alike).
+        child.record_processes = parent.tape.record_processes if parent.tape else parent.record_processes
         child.tape_prefix = _tape_prefix(parent, entry, int(prefix_length or 0))
         started = time.perf_counter()
         branch = entry.record.step_index if entry is not None else int(prefix_length or 0)

@@ -150,10 +150,11 @@ class HostEnvironment:
         seed_root: str | Path | None = None,
         tape_mode: str | None = None,
         tape: str | Path | None = None,
+        record_processes: bool | None = None,
     ) -> EpisodeHandle:
-        """Reserve an episode id and its folder; see :meth:`Host.create_episode`. ``tape_mode``
-        and ``tape`` override the host's for this episode (``tape``: exactly the folder to record
-        to or replay)."""
+        """Reserve an episode id and its folder; see :meth:`Host.create_episode`. ``tape_mode``,
+        ``tape`` and ``record_processes`` override the host's for this episode (``tape``: exactly
+        the folder to record to or replay)."""
         self._check_open()
         episode_id = validate_episode_id(f"ep-{uuid.uuid4().hex[:12]}" if episode_id is None else episode_id)
         if episode_id in self._registry:
@@ -162,13 +163,15 @@ class HostEnvironment:
             )
         limit = step_limit(max_steps)
         mode, tape_path = check_tape_options(tape_mode, tape)
+        if record_processes is not None and not isinstance(record_processes, bool):
+            raise ConfigurationError(f"record_processes must be True, False or None, not {record_processes!r}")
         seed = None
         if seed_root is not None:
             seed = Path(seed_root).expanduser().resolve()
             if not seed.is_dir():
                 raise ConfigurationError(f"seed_root {seed} is not a directory")
         episode = Episode(episode_id, EpisodeStore(self.run_root, episode_id), max_steps=limit, seed_root=seed,
-                          tape_mode=mode, tape_path=tape_path)
+                          tape_mode=mode, tape_path=tape_path, record_processes=record_processes)
         episode.store.create(self._registry.record(episode))  # claims the folder, or EpisodeExistsError
         self._registry.add(episode)
         return EpisodeHandle(episode_id=episode_id, state=episode.state, episode_dir=episode.store.dir)

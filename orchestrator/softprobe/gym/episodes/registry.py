@@ -49,6 +49,7 @@ class Episode:
     seed_root: Path | None = None  # overrides the host's seed_root
     tape_mode: TapeMode | None = None  # overrides the host's tape_mode
     tape_path: Path | None = None  # overrides the host's tape
+    record_processes: bool | None = None  # overrides the host's record_processes
     tape: TapeSession | None = None  # the current attempt's (made by reset)
     # a fork child's inherited entries, branch step, and the tape its parent replays (None: none)
     tape_prefix: tuple[list[TapedCall], int, TapeFolder | None] | None = None
@@ -167,6 +168,8 @@ class EpisodeRegistry:
             episode_tape=episode.tape_path, episode_dir=episode.store.dir, episode_id=episode.episode_id,
             network_mode=network_mode, prefix=prefix, prefix_steps=branch,
             replay_source=source,
+            record_processes=(self.config.record_processes if episode.record_processes is None
+                              else episode.record_processes),
         )
         episode.tape_prefix = None  # inherited once: a later reset begins a tape of its own
 

@@ -16,7 +16,9 @@ from softprobe.gym.errors import GymError, OnStepHookError, ReplayMissError, San
 from softprobe.gym.results import EpisodeState, StepError, StepResult
 from softprobe.gym.shim.protocol import CallResult
 from softprobe.gym.shim.runtime import Runtime
+from softprobe.gym.tapes.changes import GuardedWorkspace
 from softprobe.gym.tapes.http import http_step
+from softprobe.gym.tapes.processes import PROCESS_TOOL, process_context
 from softprobe.gym.tracing import SpanHandle, Tracing, parse_traceparent
 
 #: ``score(result)``: run on a step's result before its trajectory line is written.
@@ -104,29 +106,43 @@ class Stepper:
         self, episode: Episode, runtime: Runtime, action: ToolAction, span: SpanHandle, index: int
     ) -> CallResult:
         """A declared tool's call goes through the episode's tape (recorded, replayed before
-        anything runs, or just observed); a built-in runs live and is noted."""
+        anything runs, or just observed), and so does a ``shell.exec`` when the tape records
+        processes (a ``CHILD_PROCESS``); another built-in runs live and is noted."""
         tape = episode.tape
         declared = any(tool.name == action.name and not tool.builtin for tool in runtime.hello.tools)
-        if tape is None or not declared:
+        process = tape is not None and action.name == PROCESS_TOOL and tape.records_processes
+        if tape is None or not (declared or process):
             if tape is not None:
                 tape.observe_builtin(action.name, dict(action.args), index)
             return await self._call_tool(episode, runtime, action, span)
         parsed = parse_traceparent(span.traceparent())
+        context = (process_context(timeout_s=self._timeout_of(action), workspace_digest=episode.workspace_digest)
+                   if process else None)
+
+        async def lost(err: SandboxLostError) -> BaseException:
+            return await self._admission.mark_broken(episode, str(err))
+
         return await tape.tool_call(
             tool=action.name, args=dict(action.args), step=index,
             # The step's span id; none without tracing (a step index would not be a span id).
             causal_parent=parsed[1] if parsed else None, workspace_digest=episode.workspace_digest,
             run=lambda: self._call_tool(episode, runtime, action, span),
+            category="CHILD_PROCESS" if process else "TOOL_CALL", context=context,
+            workspace=GuardedWorkspace(runtime, lost),
         )
 
-    async def _call_tool(self, episode: Episode, runtime: Runtime, action: ToolAction, span: SpanHandle) -> CallResult:
+    def _timeout_of(self, action: ToolAction) -> float:
+        """The time limit of ``action``'s call: a ``shell.exec`` may ask for its own."""
         timeout_s = self._config.tool_timeout_s
         asked = action.args.get("timeout_s")
         if action.name == "shell.exec" and isinstance(asked, (int, float)) and not isinstance(asked, bool):
             timeout_s = min(max(float(asked), 0.001), self._config.max_tool_timeout_s)
+        return timeout_s
+
+    async def _call_tool(self, episode: Episode, runtime: Runtime, action: ToolAction, span: SpanHandle) -> CallResult:
         try:
             call = await runtime.call_tool(
-                tool=action.name, args=dict(action.args), timeout_s=timeout_s,
+                tool=action.name, args=dict(action.args), timeout_s=self._timeout_of(action),
                 output_cap=self._config.output_cap_bytes, traceparent=span.traceparent(),
             )
         except SandboxLostError as err:

@@ -14,6 +14,8 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
     {"id": 3, "op": "exists", "path": "notes.md"}
     {"id": 4, "op": "read_text", "path": "notes.md", "max_bytes": 1048576}
     {"id": 5, "op": "overlay", "tools": {"billing.refund": {...manifest entry...}}, "archive": "<base64 tar>"}
+    {"id": 6, "op": "export_changes", "max_bytes": 8388608}   (what the last call changed, for a tape)
+    {"id": 7, "op": "apply_changes", "changes": [{"path": "a.txt", "kind": "file", "mode": 420, "data": "..."}]}
 
 Responses: ``{"id": N, "ok": true, "result": ...}`` or, when the request itself was unusable,
 ``{"id": N, "ok": false, "error": {"type": ..., "message": ...}}``. A tool that fails is *not* a
@@ -1125,6 +1127,7 @@ class Shim:
         self.overlay = os.path.abspath(overlay or (self.workspace + ".overlay" if local else DEFAULT_OVERLAY))
         self.overlay_requested = False  # one overlay op per shim: the tools are fixed after it
         self.served_call = False
+        self.last_changed: list[bytes] | None = None  # what the last call changed (export_changes)
         self.builtins: dict[str, BuiltinTool] = {
             "fs.read": self.fs_read,
             "fs.write": self.fs_write,
@@ -1159,6 +1162,10 @@ class Shim:
             return self.seed(request)
         if op == "overlay":
             return self.install_overlay(request)
+        if op == "export_changes":
+            return self.export_changes(request)
+        if op == "apply_changes":
+            return self.apply_changes(request)
         raise ProtocolError("unknown op %r" % (op,))
 
     def full_scan(self) -> list[bytes]:
@@ -1346,6 +1353,7 @@ class Shim:
             observation = "error (internal_error): %s" % error["message"]
             touched = None
         changed = self.refresh_raw(touched)
+        self.last_changed = changed
         if error is not None and diagnostics.get("exit_code") == 128 + signal.SIGXFSZ:
             # A shell reports a child killed by SIGXFSZ as 153, but so can `exit 153`: only a
             # file that reached the size limit makes it a file_too_large.
@@ -1677,6 +1685,42 @@ class Shim:
         self.tool_env["SOFTPROBE_OVERLAY"] = folder
         return self.hello()
 
+    # -- workspace change sets (dependency tapes) ---------------------------------------------
+
+    def export_changes(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The final state of every path the last call changed, for the host's tape: see
+        :func:`_export_changes`. ``max_bytes`` bounds the file data and link targets."""
+        max_bytes = int(_bounded_number(request.get("max_bytes"), 8 << 20, 1 << 30))
+        result = _export_changes(os.fsencode(self.workspace), sorted(self.last_changed or ()), max_bytes)
+        result["workspace_digest"] = self.index.digest
+        return result
+
+    def apply_changes(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Make the workspace hold what a recorded change set says, acting as the agent.
+
+        The set is untrusted: a malformed one, or one whose paths leave the workspace or pass
+        through a link (in the set or already in the workspace), is refused before anything is
+        written (``change_set_refused``). A write the file system refuses midway is reported in
+        the result (``applied`` false, the digest as it now is): never silently.
+        """
+        entries = _checked_change_set(request.get("changes"))
+        failure: str | None = None
+        with self.identity.acting_as_agent():
+            _check_change_targets(os.fsencode(self.workspace), entries)
+            try:
+                _apply_change_set(self.workspace, entries)
+            except OSError as err:
+                failure = "%s: %s" % (_os_error_type(err), err)
+        changed = self.refresh_raw([entry[0] for entry in entries])
+        result: dict[str, Any] = {
+            "applied": failure is None,
+            "workspace_digest": self.index.digest,
+            "changed_paths": _within_bytes(_sorted_text(changed)),
+        }
+        if failure is not None:
+            result["error"] = {"type": "change_set_failed", "message": failure}
+        return result
+
     # -- host helpers (on_step) ----------------------------------------------------------------
 
     def _exists(self, request: dict[str, Any]) -> bool:
@@ -1699,6 +1743,261 @@ class Shim:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise ToolError("not_a_regular_file", "%r is not a regular file" % path)
             return f.read(limit).decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------------------------------------
+# Workspace change sets: ``{"path", "kind": "file" | "dir" | "symlink" | "absent", "mode", "data"
+# (base64), "target"}`` entries, paths relative to the workspace (UTF-8, "/"-separated).
+
+#: The most entries one change set may have.
+MAX_CHANGE_ENTRIES = 100000
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _export_changes(root: bytes, rels: list[bytes], max_bytes: int) -> dict[str, Any]:
+    """``{"entries": [...], "bytes": n}``: each of ``rels`` as it is now (gone: ``absent``).
+    What a change set cannot carry faithfully makes it ``{"unsupported": reason, "detail"}``
+    instead: more than ``max_bytes`` of data (``over_budget``), a name or link target that is
+    not UTF-8, a file with several hard links, a FIFO/socket/device, an unreadable file."""
+    import base64
+
+    entries: list[dict[str, Any]] = []
+    total = 0
+
+    def unsupported(reason: str, rel: bytes) -> dict[str, Any]:
+        return {"unsupported": reason, "detail": printable(rel), "bytes": total}
+
+    for rel in rels:
+        try:
+            path = rel.decode("utf-8")
+        except UnicodeDecodeError:
+            return unsupported("non_utf8_path", rel)
+        full = os.path.join(root, rel)
+        try:
+            st = os.lstat(full)
+        except OSError:
+            entries.append({"path": path, "kind": "absent"})
+            continue
+        mode = stat.S_IMODE(st.st_mode) & 0o777
+        if stat.S_ISDIR(st.st_mode):
+            entries.append({"path": path, "kind": "dir", "mode": mode})
+        elif stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.readlink(full)
+                total += len(target)
+                entries.append({"path": path, "kind": "symlink", "target": target.decode("utf-8")})
+            except (OSError, UnicodeDecodeError):
+                return unsupported("unreadable_link", rel)
+        elif stat.S_ISREG(st.st_mode):
+            if st.st_nlink > 1:
+                return unsupported("hard_link", rel)
+            total += st.st_size
+            if total > max_bytes:
+                return unsupported("over_budget", rel)
+            try:
+                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as f:
+                    data = f.read(max_bytes - total + st.st_size + 1)
+            except OSError:
+                return unsupported("unreadable", rel)
+            total += len(data) - st.st_size
+            if total > max_bytes:
+                return unsupported("over_budget", rel)
+            entries.append({"path": path, "kind": "file", "mode": mode,
+                             "data": base64.b64encode(data).decode("ascii")})
+        else:
+            return unsupported("special_file", rel)
+        if total > max_bytes:
+            return unsupported("over_budget", rel)
+    return {"entries": entries, "bytes": total}
+
+
+if TYPE_CHECKING:
+    #: A checked change set entry: (path, its parts, kind, mode, file data, link target).
+    Change = tuple[bytes, tuple[bytes, ...], str, int, bytes, bytes]
+
+
+def _refuse(message: str) -> NoReturn:
+    raise ToolError("change_set_refused", message + "; nothing was changed")
+
+
+def _checked_change_set(changes: object) -> list[Change]:
+    """The entries of an untrusted change set, checked for form: relative paths without ``.``,
+    ``..`` or empty parts, each once; known kinds; a mode of permission bits; base64 data; and
+    no entry below one that is not a folder (below an ``absent`` only other ``absent`` ones)."""
+    import base64
+    import binascii
+
+    if not isinstance(changes, list) or len(changes) > MAX_CHANGE_ENTRIES:
+        _refuse("a change set must be a list of at most %d entries" % MAX_CHANGE_ENTRIES)
+    checked: list[Change] = []
+    kinds: dict[tuple[bytes, ...], str] = {}
+    for item in changes:
+        if not isinstance(item, dict) or not set(item) <= {"path", "kind", "mode", "data", "target"}:
+            _refuse("a change set entry must be an object of path, kind, mode, data, target")
+        path, kind, mode = item.get("path"), item.get("kind"), item.get("mode", 0)
+        if not isinstance(path, str) or not path or "\x00" in path or path.startswith("/"):
+            _refuse("change set path %r is not a relative path" % (path,))
+        try:
+            raw = path.encode("utf-8")
+        except UnicodeEncodeError:
+            _refuse("change set path %r is not UTF-8" % path)
+        parts = tuple(raw.split(b"/"))
+        if any(part in (b"", b".", b"..") for part in parts):
+            _refuse("change set path %r leaves the workspace or is not normal (., .., //)" % path)
+        if parts in kinds:
+            _refuse("change set path %r appears twice" % path)
+        if kind not in ("file", "dir", "symlink", "absent"):
+            _refuse("change set entry %r has an unknown kind %r" % (path, kind))
+        if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
+            _refuse("change set entry %r has an invalid mode %r" % (path, mode))
+        data = target = b""
+        if kind == "file":
+            try:
+                data = base64.b64decode(item.get("data") or "", validate=True)
+            except (binascii.Error, ValueError, TypeError):
+                _refuse("change set entry %r has data that is not base64" % path)
+        if kind == "symlink":
+            text = item.get("target")
+            if not isinstance(text, str) or not text or "\x00" in text:
+                _refuse("change set link %r has no valid target" % path)
+            try:
+                target = text.encode("utf-8")
+            except UnicodeEncodeError:
+                _refuse("change set link %r has a target that is not UTF-8" % path)
+        kinds[parts] = kind
+        checked.append((raw, parts, kind, mode, data, target))
+    for raw, parts, kind, _mode, _data, _target in checked:
+        for i in range(1, len(parts)):
+            above = kinds.get(parts[:i])
+            if above is None or above == "dir" or (above == "absent" and kind == "absent"):
+                continue
+            _refuse("change set path %r lies below %r, which the set makes a %s (links are never followed)"
+                    % (printable(raw), printable(b"/".join(parts[:i])), above))
+    return checked
+
+
+def _check_change_targets(root: bytes, entries: list[Change]) -> None:
+    """Refuse (before any write) an entry whose parent folders, outside the set's own folders,
+    are not real folders of the workspace now: a link there could lead out of it."""
+    made = {parts for _raw, parts, kind, _m, _d, _t in entries if kind == "dir"}
+    for raw, parts, kind, _mode, _data, _target in entries:
+        for i in range(1, len(parts)):
+            if parts[:i] in made:
+                continue
+            try:
+                st = os.lstat(os.path.join(root, b"/".join(parts[:i])))
+            except OSError:
+                if kind == "absent":
+                    break  # nothing there to remove
+                _refuse("change set path %r needs the folder %r, which the workspace does not have"
+                        % (printable(raw), printable(b"/".join(parts[:i]))))
+            if not stat.S_ISDIR(st.st_mode):  # lstat: a link to a folder is not one
+                _refuse("change set path %r passes through %r, which is not a folder of the workspace "
+                        "(links are never followed)" % (printable(raw), printable(b"/".join(parts[:i]))))
+
+
+def _open_parent(root_fd: int, parts: tuple[bytes, ...]) -> int:
+    """A descriptor of the folder holding ``parts``, each step opened without following a link."""
+    fd = os.dup(root_fd)
+    for part in parts[:-1]:
+        try:
+            next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = next_fd
+    return fd
+
+
+def _remove_at(parent_fd: int, name: bytes) -> None:
+    """Remove ``name`` in ``parent_fd``: a file or link, or a folder and everything in it
+    (without recursion, never following a link). Gone already: nothing to do."""
+    try:
+        st = os.lstat(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=parent_fd)
+        return
+    stack = [(parent_fd, name, os.open(name, _DIR_FLAGS, dir_fd=parent_fd))]
+    try:
+        while stack:
+            above, current, fd = stack[-1]
+            for child in os.listdir(fd):
+                raw = os.fsencode(child)
+                if stat.S_ISDIR(os.lstat(raw, dir_fd=fd).st_mode):
+                    stack.append((fd, raw, os.open(raw, _DIR_FLAGS, dir_fd=fd)))
+                    break
+                os.unlink(raw, dir_fd=fd)
+            else:
+                stack.pop()
+                os.close(fd)
+                os.rmdir(current, dir_fd=above)
+    finally:
+        for _above, _current, fd in stack:
+            os.close(fd)
+
+
+def _apply_change_set(workspace: str, entries: list[Change]) -> None:
+    """Removals deepest first, then folders, files and links parents first (new files written
+    with ``O_EXCL | O_NOFOLLOW`` after whatever was there is removed, so nothing is written
+    through a link or a second hard link), then folder modes deepest first.
+
+    Raises:
+        OSError: the file system refused a step (what came before it stays applied).
+    """
+    root_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        removals = sorted((e for e in entries if e[2] == "absent"), key=lambda e: -len(e[1]))
+        for _raw, parts, _kind, _mode, _data, _target in removals:
+            try:
+                parent = _open_parent(root_fd, parts)
+            except FileNotFoundError:
+                continue  # its folder is gone already
+            try:
+                _remove_at(parent, parts[-1])
+            finally:
+                os.close(parent)
+        writes = sorted((e for e in entries if e[2] != "absent"), key=lambda e: e[1])
+        for _raw, parts, kind, mode, data, target in writes:
+            parent = _open_parent(root_fd, parts)
+            name = parts[-1]
+            try:
+                try:
+                    st: os.stat_result | None = os.lstat(name, dir_fd=parent)
+                except FileNotFoundError:
+                    st = None
+                if kind == "dir":
+                    if st is None or not stat.S_ISDIR(st.st_mode):
+                        if st is not None:
+                            _remove_at(parent, name)
+                        os.mkdir(name, 0o700, dir_fd=parent)
+                    continue
+                if st is not None:
+                    _remove_at(parent, name)
+                if kind == "symlink":
+                    os.symlink(target, name, dir_fd=parent)
+                    continue
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=parent)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    os.fchmod(f.fileno(), mode)
+            finally:
+                os.close(parent)
+        folders = sorted((e for e in entries if e[2] == "dir"), key=lambda e: -len(e[1]))
+        for _raw, parts, _kind, mode, _data, _target in folders:
+            parent = _open_parent(root_fd, parts)
+            try:
+                fd = os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
+            finally:
+                os.close(parent)
+            try:
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root_fd)
 
 
 def _overlay_entry(name: object, spec: object) -> dict[str, Any]:

@@ -13,9 +13,13 @@ from pydantic_core import from_json
 from softprobe.gym.actions import wire_json
 from softprobe.gym.errors import SandboxError, SandboxLostError, ShimReplyError
 from softprobe.gym.shim.protocol import (
+    ApplyChangesRequest,
+    ApplyChangesResult,
     CallRequest,
     CallResult,
     ExistsRequest,
+    ExportChangesRequest,
+    ExportChangesResult,
     HelloRequest,
     HelloResult,
     OverlayRequest,
@@ -121,6 +125,17 @@ class ShimClient:
 
     async def rescan(self) -> RescanResult:
         return _validated(RescanResult, await self._request(RescanRequest(), RESPONSE_GRACE_S + 120), "rescan")
+
+    async def export_changes(self, *, max_bytes: int) -> ExportChangesResult:
+        """What the last call changed in the workspace (see ``ExportChangesRequest``)."""
+        result = await self._request(ExportChangesRequest(max_bytes=max_bytes), RESPONSE_GRACE_S + 60)
+        return _validated(ExportChangesResult, result, "export_changes")
+
+    async def apply_changes(self, changes: list[dict[str, Any]]) -> ApplyChangesResult:
+        """Apply a recorded change set; a refused one raises ShimRefusedError (kind
+        ``change_set_refused``), nothing changed."""
+        result = await self._request(ApplyChangesRequest(changes=changes), RESPONSE_GRACE_S + 60)
+        return _validated(ApplyChangesResult, result, "apply_changes")
 
     def close(self) -> None:
         self._channel.close()

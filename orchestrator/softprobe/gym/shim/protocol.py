@@ -76,8 +76,44 @@ class RescanResult(BaseModel):
     workspace_digest_complete: bool = True
 
 
+class ExportChangesRequest(_Request):
+    """The final state of every workspace path the last call changed (a dependency tape's
+    change set), at most ``max_bytes`` of file data and link targets."""
+
+    op: Literal["export_changes"] = "export_changes"
+    max_bytes: int
+
+
+class ExportChangesResult(BaseModel):
+    """``entries`` (``{"path", "kind", "mode", "data", "target"}``), or why the change set
+    cannot be carried (``unsupported``: ``over_budget``, ``hard_link``, ...; ``detail``: the path)."""
+
+    entries: list[dict[str, Any]] | None = None
+    bytes: int = 0
+    unsupported: str | None = None
+    detail: str | None = None
+    workspace_digest: str
+
+
+class ApplyChangesRequest(_Request):
+    """Make the workspace hold a recorded change set (as the agent; paths checked by the shim)."""
+
+    op: Literal["apply_changes"] = "apply_changes"
+    changes: list[dict[str, Any]]
+
+
+class ApplyChangesResult(BaseModel):
+    """Whether the set was applied in full (``error`` says why not), and the digest after."""
+
+    applied: bool
+    workspace_digest: str
+    changed_paths: list[str] = Field(default_factory=list)
+    error: StepError | None = None
+
+
 ShimRequest = (
     HelloRequest | CallRequest | ExistsRequest | ReadTextRequest | SeedRequest | OverlayRequest | RescanRequest
+    | ExportChangesRequest | ApplyChangesRequest
 )
 
 

@@ -18,7 +18,7 @@ from softprobe.gym.providers.base import WORKSPACE, Provider, Sandbox, SandboxSp
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.shim import SHIM_SHA256
 from softprobe.gym.shim.client import ShimClient, ShimRefusedError
-from softprobe.gym.shim.protocol import CallResult, HelloResult
+from softprobe.gym.shim.protocol import ApplyChangesResult, CallResult, ExportChangesResult, HelloResult
 from softprobe.gym.worlds import ToolOverlay
 
 #: What an overlay request carries: manifest entries by tool name, and the files as a tar.
@@ -144,6 +144,30 @@ class Runtime:
             return await self._client.call_tool(
                 tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap, traceparent=traceparent
             )
+        except SandboxLostError as err:
+            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+
+    async def export_changes(self, *, max_bytes: int) -> ExportChangesResult:
+        """The final state of the paths the last :meth:`call_tool` changed (a tape's change set).
+
+        Raises:
+            SandboxLostError: as for :meth:`call_tool`.
+            ShimRefusedError: the shim refused the request.
+        """
+        try:
+            return await self._client.export_changes(max_bytes=max_bytes)
+        except SandboxLostError as err:
+            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+
+    async def apply_changes(self, changes: list[dict[str, Any]]) -> ApplyChangesResult:
+        """Apply a recorded change set to the workspace (checked by the shim: the set is untrusted).
+
+        Raises:
+            SandboxLostError: as for :meth:`call_tool`.
+            ShimRefusedError: the set was refused (kind ``change_set_refused``); nothing changed.
+        """
+        try:
+            return await self._client.apply_changes(changes)
         except SandboxLostError as err:
             raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
 

@@ -52,6 +52,7 @@ def open_session(
     prefix: list[TapedCall] | None = None,
     prefix_steps: int = 0,
     replay_source: TapeFolder | None = None,
+    record_processes: bool = False,
 ) -> TapeSession:
     """The tape session of a new attempt (a reset).
 
@@ -62,6 +63,7 @@ def open_session(
     child of a replaying parent (``replay_source``: the tape the parent replays) records into
     ``<episode dir>/tape/`` (never into or under the replayed tape) and stays in replay after
     the branch: its calls are served from ``replay_source``'s entries the prefix did not use.
+    ``record_processes``: tape ``shell.exec`` as ``CHILD_PROCESS`` entries too.
 
     Raises:
         ConfigurationError: replay without a tape folder holding ``tape.jsonl``.
@@ -73,7 +75,8 @@ def open_session(
             folder = episode_tape or host_tape
             replay_source = TapeFolder(folder) if folder is not None else None
         return TapeSession("record", TapeFolder(episode_dir / "tape"), network_mode=network_mode, prefix=prefix,
-                           prefix_steps=prefix_steps, replay_source=replay_source)
+                           prefix_steps=prefix_steps, replay_source=replay_source,
+                           record_processes=record_processes)
     if prefix is not None and mode == "off":
         mode = "record"
     if mode == "off":
@@ -83,7 +86,8 @@ def open_session(
         if folder is None:
             raise ConfigurationError("tape_mode='replay' needs tape=<a recorded tape folder>")
         check_replayable(folder)
-        return TapeSession("replay", TapeFolder(folder), network_mode=network_mode)
+        return TapeSession("replay", TapeFolder(folder), network_mode=network_mode,
+                           record_processes=record_processes)
     if episode_tape is not None:
         target = episode_tape
     elif host_tape is not None:
@@ -91,7 +95,7 @@ def open_session(
     else:
         target = episode_dir / "tape"
     return TapeSession("record", TapeFolder(target), network_mode=network_mode, prefix=prefix,
-                       prefix_steps=prefix_steps)
+                       prefix_steps=prefix_steps, record_processes=record_processes)
 
 
 def write_closure_report(session: TapeSession | None, episode_dir: Path) -> Path | None:

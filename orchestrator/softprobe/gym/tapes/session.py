@@ -1,7 +1,10 @@
 """One episode attempt's tape: records, replays or just observes its dependency calls, and
 keeps the ledger its closure report is made from.
 
-Phase 1 tapes ``TOOL_CALL`` only: a call of an image- or overlay-declared tool is one entry.
+A call of an image- or overlay-declared tool is one ``TOOL_CALL`` entry; with
+``record_processes`` a ``shell.exec`` is one ``CHILD_PROCESS`` entry (its request carries the
+workspace digest before it, so a replay from another state misses). An entry whose call changed
+the workspace has a change set (:mod:`softprobe.gym.tapes.changes`) that replay applies.
 Replay matching rule: the next unconsumed entry (lowest sequence) of the same category and
 operation whose canonical request digest equals the call's; on a match its response is read
 (checked against its digest) and only then the entry is consumed and the response returned, and
@@ -13,6 +16,7 @@ that cannot be read fails closed as ``tape_corrupt``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +24,11 @@ from typing import Any
 from softprobe.gym.errors import ReplayMissError, TapeError
 from softprobe.gym.results import StepError
 from softprobe.gym.shim.protocol import CallResult
+from softprobe.gym.tapes import changes
 from softprobe.gym.tapes.canonical import canonical_json, sha256_digest
+from softprobe.gym.tapes.changes import ChangeRecord, ChangeSetError, WorkspacePort
 from softprobe.gym.tapes.model import (
+    Category,
     ClosureDependency,
     ClosureReport,
     DependencyProvider,
@@ -45,7 +52,8 @@ class TapedCall:
     step: int
     entry: TapeEntry
     source: TapeFolder
-    changed_paths: int = 0  # workspace paths the recorded call changed (a replay does not redo them)
+    changed_paths: int = 0  # workspace paths the recorded call changed
+    changes: ChangeRecord | None = None  # its change set (replay applies it), or why there is none
 
 
 class TapeSession:
@@ -61,6 +69,8 @@ class TapeSession:
         replay_source: a fork of a replaying episode: the tape the parent replays. The child
             records its own tape, but its calls after the branch are served from this tape's
             entries the prefix did not consume (usual matching rule), never run live.
+        record_processes: tape ``shell.exec`` as ``CHILD_PROCESS`` entries (see
+            :attr:`records_processes`).
 
     Raises:
         TapeError: the tape to replay cannot be read, or the record folder cannot be written.
@@ -75,8 +85,10 @@ class TapeSession:
         prefix: list[TapedCall] | None = None,
         prefix_steps: int = 0,
         replay_source: TapeFolder | None = None,
+        record_processes: bool = False,
     ) -> None:
         self.mode = mode
+        self.record_processes = record_processes
         self.folder = folder
         self.network_mode = network_mode
         self.prefix_steps = prefix_steps
@@ -121,6 +133,17 @@ class TapeSession:
         return self.folder if self.mode == "replay" else self.replay_source
 
     @property
+    def records_processes(self) -> bool:
+        """Whether ``shell.exec`` goes through the tape (``CHILD_PROCESS``): asked for with
+        ``record_processes``, or implied in replay and in a fork's child by a tape that holds
+        ``CHILD_PROCESS`` entries (a process recorded once is never run again)."""
+        if self.mode == "off":
+            return False
+        if self.record_processes:
+            return True
+        return any(call.entry.category == "CHILD_PROCESS" for call in (*self._queue, *self._source_queue))
+
+    @property
     def cursor(self) -> int:
         """The sequence the next entry of this attempt gets (= entries so far)."""
         return len(self.log)
@@ -138,40 +161,54 @@ class TapeSession:
         causal_parent: str | None,
         workspace_digest: str,
         run: Callable[[], Awaitable[CallResult]],
+        category: Category = "TOOL_CALL",
+        context: dict[str, Any] | None = None,
+        workspace: WorkspacePort | None = None,
     ) -> CallResult:
-        """A declared tool's call through the tape: replayed (``run`` never called), or run
-        and recorded (``record``), or just run (``off``).
+        """A declared tool's call (or, ``category="CHILD_PROCESS"``, a ``shell.exec``) through
+        the tape: replayed (``run`` never called), or run and recorded (``record``), or just run
+        (``off``). ``context`` is merged into the canonical request (a process's cwd, timeout and
+        workspace digest before it). With ``workspace``, a recorded call that changed the
+        workspace gets a change set, and replay applies one (then asserts the digest).
 
         Never raises for the tape: a replay miss is a step error ``replay_miss`` and an entry
         whose response cannot be read one of type ``tape_corrupt`` (the tool not run, the entry
         not consumed); a tape that cannot be written after the tool ran gives the real result
         with ``diagnostics["tape_error"]`` (the caller must then stop the episode).
         """
-        request = canonical_json({"tool": tool, "args": args})
+        request = canonical_json({"tool": tool, "args": args, **(context or {})})
         digest = sha256_digest(request)
         call_site = f"step:{step}"
         if self.mode == "replay" or step <= self.prefix_steps:
             # (a fork's prefix entries are on the child's tape already: nothing to write)
-            return self._serve(tool, request, digest, call_site, step, causal_parent, workspace_digest,
-                               self._queue, self._consumed, copy=False)
+            return await self._serve(tool, request, digest, call_site, step, causal_parent, workspace_digest,
+                                     self._queue, self._consumed, copy=False, category=category,
+                                     workspace=workspace)
         if self.replay_source is not None:
-            return self._serve(tool, request, digest, call_site, step, causal_parent, workspace_digest,
-                               self._source_queue, self._source_consumed, copy=True)
+            return await self._serve(tool, request, digest, call_site, step, causal_parent, workspace_digest,
+                                     self._source_queue, self._source_consumed, copy=True, category=category,
+                                     workspace=workspace)
         call = await run()
         self._live_process_site = self._live_process_site or call_site
         if self.mode != "record":
-            self._depend("TOOL_CALL", tool, "live", call_site, digest, capabilities=[])
+            self._depend(category, tool, "live", call_site, digest, capabilities=[])
             return call
         changed_count = _changed_count(call.diagnostics)
         try:
-            taped = self._record(step, tool, request, digest, call_site, causal_parent, call, changed_count)
+            record = None
+            if changed_count and workspace is not None and self.folder is not None:
+                record = await changes.capture(
+                    workspace, self.folder, changed_paths=changed_count,
+                    workspace_digest_after=call.diagnostics["workspace_digest"], diagnostics=call.diagnostics)
+            taped = self._record(step, tool, request, digest, call_site, causal_parent, call, changed_count,
+                                 category=category, record=record)
         except TapeError as err:
             # The tool ran and its effects are real: the agent gets its result; the tape lacks it.
-            self._depend("TOOL_CALL", tool, "live", call_site, digest, capabilities=[], note="tape_error")
+            self._depend(category, tool, "live", call_site, digest, capabilities=[], note="tape_error")
             call.diagnostics["tape_error"] = str(err)
             return call
         self.log.append(taped)
-        self._depend("TOOL_CALL", tool, "live", call_site, digest)
+        self._depend(category, tool, "live", call_site, digest)
         call.diagnostics["tape_sequence"] = taped.entry.sequence
         return call
 
@@ -214,49 +251,74 @@ class TapeSession:
             available_capabilities=[TAPE_REPLAY] if capabilities is None else capabilities, note=note,
         ))
 
-    def _serve(
+    async def _serve(
         self, tool: str, request: bytes, digest: str, call_site: str, step: int, causal_parent: str | None,
         workspace_digest: str, queue: list[TapedCall], consumed: set[int], *, copy: bool,
+        category: Category = "TOOL_CALL", workspace: WorkspacePort | None = None,
     ) -> CallResult:
         """Answer a call from ``queue`` (nothing runs); with ``copy``, also record what was
         served into this attempt's own tape."""
         base: dict[str, Any] = {"workspace_digest": workspace_digest, "changed_paths": []}
-        served = _find(queue, consumed, "TOOL_CALL", tool, digest)
+        served = _find(queue, consumed, category, tool, digest)
         if served is None:
             miss = ReplayMissError(
-                f"replay miss: the tape has no unconsumed TOOL_CALL entry for {tool} with request "
+                f"replay miss: the tape has no unconsumed {category} entry for {tool} with request "
                 f"{digest} (at {call_site}); nothing was run. Record a tape that makes this call, or "
                 "run with tape_mode='record' or 'off'.",
-                category="TOOL_CALL", operation=tool, call_site=call_site,
+                category=category, operation=tool, call_site=call_site,
                 canonical_request_digest=digest, canonical_request=request.decode("utf-8"),
             )
-            self._depend("TOOL_CALL", tool, "unsupported", call_site, digest, capabilities=[])
+            self._depend(category, tool, "unsupported", call_site, digest, capabilities=[])
             return CallResult(error=StepError(type="replay_miss", message=str(miss)),
                               diagnostics={**base, "replayed": False, "replay_miss": miss.diagnostic()})
         try:
             observation, error = _response_of(served)
+            change_set = None
+            if served.changes is not None and served.changes.changes_ref is not None and workspace is not None:
+                change_set = changes.load(served.source, served.changes)
         except TapeError as err:
-            self._depend("TOOL_CALL", tool, "unsupported", call_site, digest, capabilities=[], note="tape_corrupt")
+            self._depend(category, tool, "unsupported", call_site, digest, capabilities=[], note="tape_corrupt")
             return CallResult(
                 error=StepError(type="tape_corrupt", message=f"{err}; nothing was run"),
                 diagnostics={**base, "replayed": False, "tape_corrupt": {
                     "tape": str(served.source.root), "sequence": served.entry.sequence, "reason": str(err)}},
             )
-        consumed.add(served.entry.sequence)  # only once its response was read
+        if change_set is not None and workspace is not None:
+            # The recorded call changed the workspace: make it so again (checked by the shim as
+            # untrusted input), and hold the result to the recorded digest.
+            started = time.perf_counter()
+            try:
+                base["workspace_digest"], base["changed_paths"] = await changes.apply(workspace, change_set)
+                base["change_set_ms"] = round((time.perf_counter() - started) * 1000, 3)
+            except ChangeSetError as err:
+                self._depend(category, tool, "unsupported", call_site, digest, capabilities=[], note=err.kind)
+                if err.workspace_digest is not None:
+                    base["workspace_digest"] = err.workspace_digest
+                return CallResult(error=StepError(type=err.kind, message=f"{err}; nothing was run"),
+                                  diagnostics={**base, "replayed": False, err.kind: {
+                                      "tape": str(served.source.root), "sequence": served.entry.sequence}})
+        consumed.add(served.entry.sequence)  # only once its response was read (and its changes made)
         diagnostics: dict[str, Any] = {**base, "replayed": True, "tape_sequence": served.entry.sequence}
-        if served.changed_paths:
-            # The recorded call changed the workspace; replay gives back its answer only.
+        if change_set is not None:
+            self._depend(category, tool, "recorded", call_site, digest)
+        elif served.changed_paths:
+            # The recorded call changed the workspace but no change set can redo it (a phase-1
+            # tape, or one over budget): replay gives back its answer only.
             diagnostics["workspace_effects_not_replayed"] = True
-            self._depend("TOOL_CALL", tool, "unsupported", call_site, digest,
-                         note="workspace_effects_not_replayed")
+            why = served.changes.unsupported if served.changes is not None else None
+            if why is not None:
+                diagnostics["change_set_unsupported"] = why
+            self._depend(category, tool, "unsupported", call_site, digest,
+                         note="workspace_effects_not_replayed" if why is None else f"change_set_{why}")
         else:
-            self._depend("TOOL_CALL", tool, "recorded", call_site, digest)
+            self._depend(category, tool, "recorded", call_site, digest)
         if self.mode == "replay":
-            self.log.append(TapedCall(step, served.entry, served.source, served.changed_paths))
+            self.log.append(TapedCall(step, served.entry, served.source, served.changed_paths, served.changes))
         elif copy:
             own = served.entry.model_copy(update={"call_site": call_site, "causal_parent": causal_parent})
             try:
-                self.log.append(self._append(TapedCall(step, own, served.source, served.changed_paths)))
+                self.log.append(self._append(TapedCall(step, own, served.source, served.changed_paths,
+                                                       served.changes)))
             except TapeError as err:
                 diagnostics["tape_error"] = str(err)
             else:
@@ -287,7 +349,8 @@ class TapeSession:
 
     def _record(
         self, step: int, tool: str, request: bytes, digest: str, call_site: str, causal_parent: str | None,
-        call: CallResult, changed_paths: int,
+        call: CallResult, changed_paths: int, *, category: Category = "TOOL_CALL",
+        record: ChangeRecord | None = None,
     ) -> TapedCall:
         assert self.folder is not None
         if call.error is not None:
@@ -304,16 +367,18 @@ class TapeSession:
             outcome, runtime_type = "value", "application/json"
             body = json.dumps(call.observation, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         entry = TapeEntry(
-            sequence=self.cursor, category="TOOL_CALL", operation=tool, call_site=call_site,
+            sequence=self.cursor, category=category, operation=tool, call_site=call_site,
             causal_parent=causal_parent,
             request=TapeRequest(canonical_digest=digest, payload_ref=self.folder.put_payload(request)),
             response=TapeResponse(payload_ref=self.folder.put_payload(body), runtime_type=runtime_type,
                                   outcome=outcome),  # type: ignore[arg-type]
         )
         self.folder.append(entry)
-        if changed_paths:
+        if record is not None:
+            changes.note(self.folder, entry.sequence, record)
+        elif changed_paths:
             self.folder.note_effects(entry.sequence, changed_paths)
-        return TapedCall(step, entry, self.folder, changed_paths)
+        return TapedCall(step, entry, self.folder, changed_paths, record)
 
     def _append(self, call: TapedCall) -> TapedCall:
         """Copy an inherited or served entry (its payloads, its workspace effects) into this
@@ -322,11 +387,15 @@ class TapeSession:
         entry = call.entry
         for ref in (entry.request.payload_ref, entry.response.payload_ref):
             self.folder.put_payload(call.source.get_payload(ref))
+        if call.changes is not None:
+            changes.copy(call.changes, call.source, self.folder)
         copied = entry.model_copy(update={"sequence": self.cursor})
         self.folder.append(copied)
-        if call.changed_paths:
+        if call.changes is not None:
+            changes.note(self.folder, copied.sequence, call.changes)
+        elif call.changed_paths:
             self.folder.note_effects(copied.sequence, call.changed_paths)
-        return TapedCall(call.step, copied, self.folder, call.changed_paths)
+        return TapedCall(call.step, copied, self.folder, call.changed_paths, call.changes)
 
 
 def _changed_count(diagnostics: dict[str, Any]) -> int:
@@ -341,7 +410,9 @@ def _changed_count(diagnostics: dict[str, Any]) -> int:
 def _queue_of(folder: TapeFolder) -> list[TapedCall]:
     """What a tape can serve, in sequence order, with each entry's workspace effects."""
     effects = folder.effects()
-    return [TapedCall(0, entry, folder, effects.get(entry.sequence, 0)) for entry in folder.entries()]
+    recorded = changes.records(folder)
+    return [TapedCall(0, entry, folder, effects.get(entry.sequence, 0), recorded.get(entry.sequence))
+            for entry in folder.entries()]
 
 
 def _find(queue: list[TapedCall], consumed: set[int], category: str, operation: str, digest: str) -> TapedCall | None:
