@@ -98,14 +98,15 @@ class Stepper:
         """A declared tool's call goes through the episode's tape (recorded, replayed before
         anything runs, or just observed); a built-in runs live and is noted."""
         tape = episode.tape
-        declared = any(tool.name == action.name and not tool.builtin for tool in runtime.hello.tools)
-        if tape is None or not declared:
+        declared = next((tool for tool in runtime.hello.tools if tool.name == action.name and not tool.builtin), None)
+        if tape is None or declared is None:
             if tape is not None:
                 tape.observe_builtin(action.name, dict(action.args), index)
             return await self._call_tool(episode, runtime, action, span)
         parsed = parse_traceparent(span.traceparent())
         return await tape.tool_call(
             tool=action.name, args=dict(action.args), step=index,
+            category="MCP_CALL" if declared.mcp_server else "TOOL_CALL",
             # The step's span id; none without tracing (a step index would not be a span id).
             causal_parent=parsed[1] if parsed else None, workspace_digest=episode.workspace_digest,
             run=lambda: self._call_tool(episode, runtime, action, span),

@@ -1,7 +1,8 @@
 """One episode attempt's tape: records, replays or just observes its dependency calls, and
 keeps the ledger its closure report is made from.
 
-Phase 1 tapes ``TOOL_CALL`` only: a call of an image- or overlay-declared tool is one entry.
+Phase 1 tapes ``TOOL_CALL`` (a call of an image- or overlay-declared tool) and ``MCP_CALL`` (a call
+of a tool of an MCP server inside the sandbox), one entry each.
 Replay matching rule: the next unconsumed entry (lowest sequence) of the same category and
 operation whose canonical request digest equals the call's; on a match its response is read
 (checked against its digest) and only then the entry is consumed and the response returned, and
@@ -22,6 +23,7 @@ from softprobe.gym.results import StepError
 from softprobe.gym.shim.protocol import CallResult
 from softprobe.gym.tapes.canonical import canonical_json, sha256_digest
 from softprobe.gym.tapes.model import (
+    Category,
     ClosureDependency,
     ClosureReport,
     DependencyProvider,
@@ -136,6 +138,7 @@ class TapeSession:
         causal_parent: str | None,
         workspace_digest: str,
         run: Callable[[], Awaitable[CallResult]],
+        category: Category = "TOOL_CALL",
     ) -> CallResult:
         """A declared tool's call through the tape: replayed (``run`` never called), or run
         and recorded (``record``), or just run (``off``).
@@ -151,25 +154,25 @@ class TapeSession:
         if self.mode == "replay" or step <= self.prefix_steps:
             # (a fork's prefix entries are on the child's tape already: nothing to write)
             return self._serve(tool, request, digest, call_site, step, causal_parent, workspace_digest,
-                               self._queue, self._consumed, copy=False)
+                               self._queue, self._consumed, copy=False, category=category)
         if self.replay_source is not None:
             return self._serve(tool, request, digest, call_site, step, causal_parent, workspace_digest,
-                               self._source_queue, self._source_consumed, copy=True)
+                               self._source_queue, self._source_consumed, copy=True, category=category)
         call = await run()
         self._live_process_site = self._live_process_site or call_site
         if self.mode != "record":
-            self._depend("TOOL_CALL", tool, "live", call_site, digest, capabilities=[])
+            self._depend(category, tool, "live", call_site, digest, capabilities=[])
             return call
         changed_count = _changed_count(call.diagnostics)
         try:
-            taped = self._record(step, tool, request, digest, call_site, causal_parent, call, changed_count)
+            taped = self._record(step, tool, request, digest, call_site, causal_parent, call, changed_count, category)
         except TapeError as err:
             # The tool ran and its effects are real: the agent gets its result; the tape lacks it.
-            self._depend("TOOL_CALL", tool, "live", call_site, digest, capabilities=[], note="tape_error")
+            self._depend(category, tool, "live", call_site, digest, capabilities=[], note="tape_error")
             call.diagnostics["tape_error"] = str(err)
             return call
         self.log.append(taped)
-        self._depend("TOOL_CALL", tool, "live", call_site, digest)
+        self._depend(category, tool, "live", call_site, digest)
         call.diagnostics["tape_sequence"] = taped.entry.sequence
         return call
 
@@ -215,26 +218,27 @@ class TapeSession:
     def _serve(
         self, tool: str, request: bytes, digest: str, call_site: str, step: int, causal_parent: str | None,
         workspace_digest: str, queue: list[TapedCall], consumed: set[int], *, copy: bool,
+        category: Category = "TOOL_CALL",
     ) -> CallResult:
         """Answer a call from ``queue`` (nothing runs); with ``copy``, also record what was
         served into this attempt's own tape."""
         base: dict[str, Any] = {"workspace_digest": workspace_digest, "changed_paths": []}
-        served = _find(queue, consumed, "TOOL_CALL", tool, digest)
+        served = _find(queue, consumed, category, tool, digest)
         if served is None:
             miss = ReplayMissError(
-                f"replay miss: the tape has no unconsumed TOOL_CALL entry for {tool} with request "
+                f"replay miss: the tape has no unconsumed {category} entry for {tool} with request "
                 f"{digest} (at {call_site}); nothing was run. Record a tape that makes this call, or "
                 "run with tape_mode='record' or 'off'.",
-                category="TOOL_CALL", operation=tool, call_site=call_site,
+                category=category, operation=tool, call_site=call_site,
                 canonical_request_digest=digest, canonical_request=request.decode("utf-8"),
             )
-            self._depend("TOOL_CALL", tool, "unsupported", call_site, digest, capabilities=[])
+            self._depend(category, tool, "unsupported", call_site, digest, capabilities=[])
             return CallResult(error=StepError(type="replay_miss", message=str(miss)),
                               diagnostics={**base, "replayed": False, "replay_miss": miss.diagnostic()})
         try:
             observation, error = _response_of(served)
         except TapeError as err:
-            self._depend("TOOL_CALL", tool, "unsupported", call_site, digest, capabilities=[], note="tape_corrupt")
+            self._depend(category, tool, "unsupported", call_site, digest, capabilities=[], note="tape_corrupt")
             return CallResult(
                 error=StepError(type="tape_corrupt", message=f"{err}; nothing was run"),
                 diagnostics={**base, "replayed": False, "tape_corrupt": {
@@ -245,10 +249,10 @@ class TapeSession:
         if served.changed_paths:
             # The recorded call changed the workspace; replay gives back its answer only.
             diagnostics["workspace_effects_not_replayed"] = True
-            self._depend("TOOL_CALL", tool, "unsupported", call_site, digest,
+            self._depend(category, tool, "unsupported", call_site, digest,
                          note="workspace_effects_not_replayed")
         else:
-            self._depend("TOOL_CALL", tool, "recorded", call_site, digest)
+            self._depend(category, tool, "recorded", call_site, digest)
         if self.mode == "replay":
             self.log.append(TapedCall(step, served.entry, served.source, served.changed_paths))
         elif copy:
@@ -264,7 +268,7 @@ class TapeSession:
 
     def _record(
         self, step: int, tool: str, request: bytes, digest: str, call_site: str, causal_parent: str | None,
-        call: CallResult, changed_paths: int,
+        call: CallResult, changed_paths: int, category: Category = "TOOL_CALL",
     ) -> TapedCall:
         assert self.folder is not None
         if call.error is not None:
@@ -281,7 +285,7 @@ class TapeSession:
             outcome, runtime_type = "value", "application/json"
             body = json.dumps(call.observation, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         entry = TapeEntry(
-            sequence=self.cursor, category="TOOL_CALL", operation=tool, call_site=call_site,
+            sequence=self.cursor, category=category, operation=tool, call_site=call_site,
             causal_parent=causal_parent,
             request=TapeRequest(canonical_digest=digest, payload_ref=self.folder.put_payload(request)),
             response=TapeResponse(payload_ref=self.folder.put_payload(body), runtime_type=runtime_type,
