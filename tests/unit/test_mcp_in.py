@@ -42,6 +42,7 @@ TOOLS = [{"name": n, "description": "the %s fault" % n,
           "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}
          for n in ("echo", "fail", "hang", "garbage", "wrong_id", "flood", "crash", "chatty", "linger")]
 TOOLS.append({"name": "bad name!", "inputSchema": {"type": "object"}})
+TOOLS.append({"name": "odd_schema", "inputSchema": {"type": "object", "properties": {"a": "string"}}})
 
 for line in sys.stdin:
     message = json.loads(line)
@@ -137,6 +138,8 @@ async def test_the_servers_tools_are_listed_with_their_schemas(tmp_path, mcp_pro
         assert {t.name: t.mcp_server for t in hello.tools}["kb.search"] == "kb"
         # A tool whose name cannot be a tool name is left out, and said so.
         assert "bad name!" in hello.mcp_errors["faulty"]
+        assert "'faulty.odd_schema' (its inputSchema is not an object schema)" in hello.mcp_errors["faulty"]
+        assert "faulty.odd_schema" not in specs
         assert _starts(starts) == 1  # listed once, when the sandbox started
 
 

@@ -1681,7 +1681,7 @@ class Shim:
                     skipped.append("%r (not a valid tool name)" % (tool_name,))
                 elif full in self.builtins or full in self.declared or full in self.mcp_tools:
                     skipped.append("%r (the name is taken)" % full)
-                elif not isinstance(schema, dict) or schema.get("type", "object") != "object":
+                elif not _object_schema(schema):
                     skipped.append("%r (its inputSchema is not an object schema)" % full)
                 else:
                     description = tool.get("description")
@@ -2255,6 +2255,16 @@ class McpSession:
         if not clear_processes() or not session_cleared:
             raise ShimBroken("a process of MCP server %s could not be killed within %gs"
                              % (self.name, SWEEP_DEADLINE_S))
+
+
+def _object_schema(schema: object) -> bool:
+    """Whether ``schema`` is an object schema the shim's argument check can read: ``properties``
+    an object of objects, ``required`` a list."""
+    if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+        return False
+    properties = schema.get("properties", {})
+    return (isinstance(properties, dict) and all(isinstance(p, dict) for p in properties.values())
+            and isinstance(schema.get("required", []), list))
 
 
 def _exit_code_unreaped(pid: int, wait_s: float) -> int | None:
