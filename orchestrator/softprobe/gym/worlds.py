@@ -75,14 +75,44 @@ class ToolDefinition(BaseModel):
         return entry
 
 
+class McpServerSpec(BaseModel):
+    """An MCP server run inside the sandbox (as the tool uid, in ``/``, for one call at a time):
+    the shim speaks MCP over stdio to it and offers its tools as ``<name>.<tool>``, with their
+    ``inputSchema`` as args schema. What it keeps between calls must be in files: each call
+    starts it afresh and ends it with its step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: StrictStr = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+    #: argv; ``${SOFTPROBE_OVERLAY}`` in an item (or an env value) names the overlay folder.
+    command: list[StrictStr] = Field(min_length=1)
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    #: How long it may take to answer ``initialize`` (and ``tools/list`` when the sandbox starts).
+    startup_timeout_s: float = Field(default=10.0, gt=0, le=120, allow_inf_nan=False)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"env name {key!r} must be letters, digits and '_', not starting with a digit")
+        return value
+
+    def manifest_entry(self) -> dict[str, Any]:
+        """The server as the shim's manifest (``mcp_servers`` of ``tools.json``) holds it."""
+        return self.model_dump(mode="json")
+
+
 class ToolOverlay(BaseModel):
     """Tools added without an image build: manifest entries plus a folder of files (scripts)
-    copied, read-only to the agent, into the sandbox's overlay folder at every start."""
+    copied, read-only to the agent, into the sandbox's overlay folder at every start, and MCP
+    servers whose tools join them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tools: tuple[ToolDefinition, ...] = ()
     files_root: Path | None = None
+    mcp_servers: tuple[McpServerSpec, ...] = ()
 
     @model_validator(mode="after")
     def _unique(self) -> ToolOverlay:
@@ -90,14 +120,18 @@ class ToolOverlay(BaseModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"tool names must be unique; repeated: {', '.join(duplicates)}")
+        servers = [s.name for s in self.mcp_servers]
+        repeated = sorted({n for n in servers if servers.count(n) > 1})
+        if repeated:
+            raise ValueError(f"MCP server names must be unique; repeated: {', '.join(repeated)}")
         if self.files_root is not None and not self.files_root.is_dir():
             raise ValueError(f"overlay files_root {self.files_root} is not a directory")
         return self
 
     @property
     def empty(self) -> bool:
-        """No tools and no files: nothing to install."""
-        return not self.tools and self.files_root is None
+        """No tools, no MCP servers and no files: nothing to install."""
+        return not self.tools and self.files_root is None and not self.mcp_servers
 
 
 class HealthCheck(BaseModel):
@@ -266,5 +300,5 @@ def find_cycle(depends_on: Mapping[str, Sequence[str]]) -> list[str] | None:
     return None
 
 
-__all__ = ["BUILTIN_TOOLS", "OVERLAY_PLACEHOLDER", "EgressDecision", "EgressReport", "HealthCheck", "NetworkPolicy",
-           "ServiceSpec", "ToolDefinition", "ToolOverlay", "World", "find_cycle"]
+__all__ = ["BUILTIN_TOOLS", "OVERLAY_PLACEHOLDER", "EgressDecision", "EgressReport", "HealthCheck",
+           "McpServerSpec", "NetworkPolicy", "ServiceSpec", "ToolDefinition", "ToolOverlay", "World", "find_cycle"]

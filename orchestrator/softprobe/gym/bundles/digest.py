@@ -107,15 +107,18 @@ def canonical_manifest(bundle: Bundle, image_ids: Mapping[str, str], *, seed: st
     for name in _SIZE_LIMITS:  # 512m, 512M and 536870912 are one limit
         if name in limits:
             limits[name] = parse_size(limits[name])
+    overlay: dict[str, Any] = {
+        "files": overlay_files,
+        # By name: the shim lists tools by name, so their order in bundle.yaml is not the world.
+        "tools": [tool.model_dump(mode="json") for tool in sorted(world.tools.tools, key=lambda t: t.name)],
+    }
+    if world.tools.mcp_servers:  # only then: the digests of bundles without any stay as they were
+        overlay["mcp_servers"] = [s.manifest_entry() for s in sorted(world.tools.mcp_servers, key=lambda s: s.name)]
     return {
         "schema": SCHEMA,
         "image": image_ids[manifest.image],
         "seed": seed,
-        "overlay": {
-            "files": overlay_files,
-            # By name: the shim lists tools by name, so their order in bundle.yaml is not the world.
-            "tools": [tool.model_dump(mode="json") for tool in sorted(world.tools.tools, key=lambda t: t.name)],
-        },
+        "overlay": overlay,
         "services": [
             {**service.model_dump(mode="json", exclude={"image"}), "image": image_ids[service.image]}
             for service in world.services

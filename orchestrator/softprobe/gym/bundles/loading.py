@@ -114,7 +114,8 @@ class _Checker:
         world = None
         if not self.problems:
             try:
-                world = World(tools=ToolOverlay(tools=manifest.overlay.tools, files_root=overlay_files),
+                world = World(tools=ToolOverlay(tools=manifest.overlay.tools, files_root=overlay_files,
+                                                   mcp_servers=manifest.overlay.mcp_servers),
                               services=tuple(services), network=network)
             except ValidationError as err:  # what the checks above did not foresee
                 self.problems += [doc.problem((), error_message(e["msg"])) for e in err.errors()]

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Stric
 
 from softprobe.gym.actions import Action
 from softprobe.gym.settings import Capabilities, parse_size
-from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, ToolDefinition
+from softprobe.gym.worlds import McpServerSpec, NetworkPolicy, ServiceSpec, ToolDefinition
 
 #: The schema this version of the library reads.
 SCHEMA = "softprobe.environment-bundle/v1"
@@ -34,6 +34,8 @@ class OverlaySection(BaseModel):
     #: A folder of the bundle, copied into the sandbox at ``${SOFTPROBE_OVERLAY}``.
     files: StrictStr | None = None
     tools: tuple[ToolDefinition, ...] = ()
+    #: MCP servers run inside the sandbox; their tools join as ``<server>.<tool>``.
+    mcp_servers: tuple[McpServerSpec, ...] = ()
 
 
 class BundleLimits(BaseModel):

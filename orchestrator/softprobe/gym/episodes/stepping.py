@@ -109,9 +109,9 @@ class Stepper:
         anything runs, or just observed), and so does a ``shell.exec`` when the tape records
         processes (a ``CHILD_PROCESS``); another built-in runs live and is noted."""
         tape = episode.tape
-        declared = any(tool.name == action.name and not tool.builtin for tool in runtime.hello.tools)
+        declared = next((tool for tool in runtime.hello.tools if tool.name == action.name and not tool.builtin), None)
         process = tape is not None and action.name == PROCESS_TOOL and tape.records_processes
-        if tape is None or not (declared or process):
+        if tape is None or not (declared is not None or process):
             if tape is not None:
                 tape.observe_builtin(action.name, dict(action.args), index)
             return await self._call_tool(episode, runtime, action, span)
@@ -127,7 +127,8 @@ class Stepper:
             # The step's span id; none without tracing (a step index would not be a span id).
             causal_parent=parsed[1] if parsed else None, workspace_digest=episode.workspace_digest,
             run=lambda: self._call_tool(episode, runtime, action, span),
-            category="CHILD_PROCESS" if process else "TOOL_CALL", context=context,
+            category="CHILD_PROCESS" if process else "MCP_CALL" if declared and declared.mcp_server else "TOOL_CALL",
+            context=context,
             workspace=GuardedWorkspace(runtime, lost),
         )
 

@@ -110,10 +110,14 @@ class ShimClient:
         request = SeedRequest(archive=base64.b64encode(archive).decode("ascii"))
         return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S + 60), "seed")
 
-    async def overlay(self, tools: dict[str, dict[str, Any]], archive: bytes) -> HelloResult:
-        """Have the shim add ``tools`` (manifest entries) and extract ``archive`` (a tar, names
-        relative to its overlay folder, or empty); return its new hello. Once per sandbox."""
-        request = OverlayRequest(tools=tools, archive=base64.b64encode(archive).decode("ascii"))
+    async def overlay(
+        self, tools: dict[str, dict[str, Any]], archive: bytes, mcp_servers: list[dict[str, Any]] | None = None
+    ) -> HelloResult:
+        """Have the shim add ``tools`` (manifest entries) and ``mcp_servers`` (MCP servers whose
+        tools it lists) and extract ``archive`` (a tar, names relative to its overlay folder, or
+        empty); return its new hello. Once per sandbox."""
+        request = OverlayRequest(tools=tools, archive=base64.b64encode(archive).decode("ascii"),
+                                 mcp_servers=mcp_servers or [])
         return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S + 60), "overlay")
 
     async def exists(self, path: str) -> bool:

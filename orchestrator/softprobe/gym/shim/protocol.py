@@ -63,6 +63,9 @@ class OverlayRequest(_Request):
     op: Literal["overlay"] = "overlay"
     tools: dict[str, dict[str, Any]]
     archive: str = ""
+    #: MCP servers run inside the sandbox (``{name, command, env, startup_timeout_s}``); their
+    #: tools join the declared ones as ``<server>.<tool>``.
+    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class RescanRequest(_Request):
@@ -140,6 +143,8 @@ class HelloTool(BaseModel):
     builtin: bool
     description: str = ""
     args: dict[str, Any] | None = Field(default=None, description="JSON Schema of a declared tool's arguments")
+    #: The MCP server (inside the sandbox) a tool ``<server>.<tool>`` comes from; None otherwise.
+    mcp_server: str | None = None
 
     def info(self) -> ToolInfo:
         """The tool as results list it (without its schema)."""
@@ -165,6 +170,9 @@ class HelloResult(BaseModel):
     digest_mode: str = "scan"
     pid: int = 0
     hardened: bool = False
+    #: MCP server -> why (some of) its tools are not offered (it failed to list them, or a
+    #: tool's name is invalid or taken).
+    mcp_errors: dict[str, str] = Field(default_factory=dict)
 
 
 class CallResult(BaseModel):

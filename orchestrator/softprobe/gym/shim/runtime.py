@@ -21,8 +21,9 @@ from softprobe.gym.shim.client import ShimClient, ShimRefusedError
 from softprobe.gym.shim.protocol import ApplyChangesResult, CallResult, ExportChangesResult, HelloResult
 from softprobe.gym.worlds import ToolOverlay
 
-#: What an overlay request carries: manifest entries by tool name, and the files as a tar.
-OverlayPayload = tuple[dict[str, dict[str, Any]], bytes]
+#: What an overlay request carries: manifest entries by tool name, the files as a tar, and the
+#: MCP servers' manifest entries.
+OverlayPayload = tuple[dict[str, dict[str, Any]], bytes, list[dict[str, Any]]]
 
 #: How long a new sandbox's shim may take to answer its first request.
 HELLO_TIMEOUT_S = 60.0
@@ -89,9 +90,9 @@ class Runtime:
         return runtime
 
     async def _install_overlay(self, payload: OverlayPayload, image: str) -> None:
-        tools, archive = payload
+        tools, archive, mcp_servers = payload
         try:
-            self.hello = await self._client.overlay(tools, archive)
+            self.hello = await self._client.overlay(tools, archive, mcp_servers)
         except ShimRefusedError as err:
             if err.kind == "tool_conflict":
                 raise ConfigurationError(
@@ -235,13 +236,14 @@ async def overlay_payload(overlay: ToolOverlay) -> OverlayPayload | None:
     if overlay.empty:
         return None
     tools = {tool.name: tool.manifest_entry() for tool in overlay.tools}
+    servers = [server.manifest_entry() for server in overlay.mcp_servers]
     if overlay.files_root is None:
-        return tools, b""
+        return tools, b"", servers
     try:
         archive = await asyncio.to_thread(build_overlay_archive, overlay.files_root)
     except OSError as err:
         raise ConfigurationError(f"tool_files {overlay.files_root} cannot be read: {err}") from None
-    return tools, archive
+    return tools, archive, servers
 
 
 __all__ = ["HELLO_TIMEOUT_S", "Runtime", "overlay_payload"]

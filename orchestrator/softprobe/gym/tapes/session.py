@@ -1,10 +1,11 @@
 """One episode attempt's tape: records, replays or just observes its dependency calls, and
 keeps the ledger its closure report is made from.
 
-A call of an image- or overlay-declared tool is one ``TOOL_CALL`` entry; with
-``record_processes`` a ``shell.exec`` is one ``CHILD_PROCESS`` entry (its request carries the
-workspace digest before it, so a replay from another state misses). An entry whose call changed
-the workspace has a change set (:mod:`softprobe.gym.tapes.changes`) that replay applies.
+A call of an image- or overlay-declared tool is one ``TOOL_CALL`` entry, a call of a tool of an
+MCP server inside the sandbox one ``MCP_CALL`` entry; with ``record_processes`` a ``shell.exec``
+is one ``CHILD_PROCESS`` entry (its request carries the workspace digest before it, so a replay
+from another state misses). An entry whose call changed the workspace has a change set
+(:mod:`softprobe.gym.tapes.changes`) that replay applies.
 Replay matching rule: the next unconsumed entry (lowest sequence) of the same category and
 operation whose canonical request digest equals the call's; on a match its response is read
 (checked against its digest) and only then the entry is consumed and the response returned, and

@@ -1,5 +1,6 @@
-"""Build the project's images: ``softprobe/base``, the example world ``softprobe/support-desk`` and
-its billing service ``softprobe/billing-service`` (the ``support-desk-billing`` bundle's sidecar).
+"""Build the project's images: ``softprobe/base``, the example world ``softprobe/support-desk``,
+its billing service ``softprobe/billing-service`` (the ``support-desk-billing`` bundle's sidecar)
+and ``softprobe/mcp-example`` (tools from an MCP server inside the container).
 
 Two ways to get the base's own base:
 
@@ -43,6 +44,7 @@ ROOTFS_IMAGE = "softprobe/rootfs:bookworm"
 BASE_IMAGE = "softprobe/base:latest"
 SUPPORT_DESK_IMAGE = "softprobe/support-desk:latest"
 BILLING_SERVICE_IMAGE = "softprobe/billing-service:latest"
+MCP_EXAMPLE_IMAGE = "softprobe/mcp-example:latest"
 SHIM_REPO_PATH = "orchestrator/softprobe/gym/shim/agent_shim.py"
 
 Mode = Literal["auto", "online", "offline"]
@@ -60,6 +62,7 @@ SPECS = (
     ImageSpec("base", BASE_IMAGE, "base"),
     ImageSpec("support-desk", SUPPORT_DESK_IMAGE, "support-desk"),
     ImageSpec("billing-service", BILLING_SERVICE_IMAGE, "billing-service"),
+    ImageSpec("mcp-example", MCP_EXAMPLE_IMAGE, "mcp-example"),
 )
 
 
