@@ -70,6 +70,9 @@ class HostConfig(BaseModel):
     #: Dependency tapes (softprobe.gym.tapes): off, record or replay, and the tape folder.
     tape_mode: Literal["off", "record", "replay"] = "off"
     tape: Path | None = None
+    #: The clock and random seed of every episode's processes (softprobe.gym.tapes.clock).
+    time_policy: Literal["live", "recorded"] = "live"
+    random_seed: StrictInt | None = Field(default=None, ge=0, lt=2**32)
 
     @field_validator("run_root", "seed_root", "tape")
     @classmethod

@@ -14,6 +14,10 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
     {"id": 3, "op": "exists", "path": "notes.md"}
     {"id": 4, "op": "read_text", "path": "notes.md", "max_bytes": 1048576}
     {"id": 5, "op": "overlay", "tools": {"billing.refund": {...manifest entry...}}, "archive": "<base64 tar>"}
+    {"id": 6, "op": "episode_env", "clock_start": 1700000000, "random_seed": 42}
+    (host-only, once, before any call: the clock every started program begins at, through the
+    preloaded time shim the hello lists as the capability "time_shim", and the random seed; see
+    ``Shim.set_episode_env``)
 
 Responses: ``{"id": N, "ok": true, "result": ...}`` or, when the request itself was unusable,
 ``{"id": N, "ok": false, "error": {"type": ..., "message": ...}}``. A tool that fails is *not* a
@@ -32,7 +36,12 @@ Invariants the host relies on:
 - file tools never touch anything outside the workspace, after resolving symlinks;
 - tools the host adds (``overlay``, once, before any call) live outside the workspace in a folder
   the shim made afresh, owned by it and read-only to every tool (``/opt/softprobe/overlay``);
-- tool output is capped; the cap keeps the head and the tail around a visible marker.
+- tool output is capped; the cap keeps the head and the tail around a visible marker;
+- the time shim (libfaketime) is used only from a root-owned, not group/other-writable file,
+  and the seed file (``/opt/softprobe/seed``) is written by the shim, root's, mode 0644: neither
+  the agent nor a tool can change what the other one gets. The variables that set them up are in
+  the environment the shim gives each process: an agent that unsets ``LD_PRELOAD`` in its own
+  command changes its own clock only, never a tool's.
 
 Local mode (``--local``, and whenever the shim is not PID 1 of its own PID namespace): the same
 shim run as a plain process on a developer's machine or in CI, in a private temp folder. It then
@@ -88,6 +97,11 @@ DEFAULT_MANIFEST = "/etc/softprobe/tools.json"
 #: Where a container's overlay files (tools added without an image build) land: outside the
 #: workspace, root's, read-only to every tool.
 DEFAULT_OVERLAY = "/opt/softprobe/overlay"
+#: Where the episode's random seed is written (``episode_env``): root's, readable by all.
+DEFAULT_SEED_FILE = "/opt/softprobe/seed"
+#: Where libfaketime (the time shim of ``time_policy="recorded"``) may be, in the order tried.
+TIME_SHIM_PATTERNS = ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
+                      "/usr/local/lib/faketime/libfaketime.so.1")
 #: What an overlay tool's command items say for the overlay folder.
 OVERLAY_PLACEHOLDER = "${SOFTPROBE_OVERLAY}"
 #: The keys an overlay tool's manifest entry may have.
@@ -1124,6 +1138,9 @@ class Shim:
         # Local mode: beside the workspace (like its HOME), never inside it.
         self.overlay = os.path.abspath(overlay or (self.workspace + ".overlay" if local else DEFAULT_OVERLAY))
         self.overlay_requested = False  # one overlay op per shim: the tools are fixed after it
+        self.seed_file = self.workspace + ".seed" if local else DEFAULT_SEED_FILE
+        self.time_shim = find_time_shim()
+        self.episode_env_set = False  # one episode_env op per shim, before any call
         self.served_call = False
         self.builtins: dict[str, BuiltinTool] = {
             "fs.read": self.fs_read,
@@ -1159,6 +1176,8 @@ class Shim:
             return self.seed(request)
         if op == "overlay":
             return self.install_overlay(request)
+        if op == "episode_env":
+            return self.set_episode_env(request)
         raise ProtocolError("unknown op %r" % (op,))
 
     def full_scan(self) -> list[bytes]:
@@ -1298,6 +1317,7 @@ class Shim:
             "digest_mode": "inotify" if self.tracker is not None and self.tracker.usable else "scan",
             "pid": os.getpid(),
             "hardened": self.hardened,
+            "capabilities": ["time_shim"] if self.time_shim else [],
         }
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -1677,6 +1697,50 @@ class Shim:
         self.tool_env["SOFTPROBE_OVERLAY"] = folder
         return self.hello()
 
+    # -- the episode's clock and seed --------------------------------------------------------
+
+    def set_episode_env(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Fix the clock and the random seed of every process started from now on, once, before
+        the first call.
+
+        ``clock_start`` (epoch seconds, or null: the live clock): each program started (each
+        ``exec``) gets the time shim preloaded and its clock begins at that instant, then runs at
+        the real rate; CLOCK_MONOTONIC stays real. Refused (``no_time_shim``) without the time
+        shim. ``random_seed`` (0..2**32-1, or null: none): ``PYTHONHASHSEED`` and
+        ``SOFTPROBE_RANDOM_SEED`` in every process's environment and the seed file
+        (``/opt/softprobe/seed``, root's, 0644) rewritten; with null the seed file is removed
+        (a checkpoint's image may hold its parent's). Returns the hello.
+        """
+        if self.episode_env_set or self.served_call:
+            raise ProtocolError("the episode's environment is fixed once it starts: episode_env comes once, "
+                                "before any call")
+        clock_start = request.get("clock_start")
+        seed = request.get("random_seed")
+        if clock_start is not None and (isinstance(clock_start, bool) or not isinstance(clock_start, int)
+                                        or not 0 <= clock_start < 1 << 40):
+            raise ProtocolError("clock_start must be epoch seconds (an int) or null")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 32):
+            raise ProtocolError("random_seed must be an int from 0 to 2**32-1 or null")
+        if clock_start is not None and self.time_shim is None:
+            raise ToolError("no_time_shim", "this image has no time shim (libfaketime): its clock cannot be set")
+        _write_seed_file(self.seed_file, seed, check_parents=not self.local)
+        self.episode_env_set = True
+        added: dict[str, str] = {}
+        preload = self.time_shim if clock_start is not None else None
+        if clock_start is not None:
+            # "@" is libfaketime's start-at mode (the clock advances from there); "%s" reads the
+            # instant as epoch seconds, whatever the time zone. The monotonic clock stays real.
+            added.update(FAKETIME="@%d" % clock_start, FAKETIME_FMT="%s", DONT_FAKE_MONOTONIC="1")
+        if seed is not None:
+            added.update(PYTHONHASHSEED=str(seed), SOFTPROBE_RANDOM_SEED=str(seed))
+        for env in (self.agent_env, self.tool_env):
+            env.update(added)
+            if preload is not None:
+                # The image's own preload (agent's environment only: tools get none) comes after.
+                theirs = env.get("LD_PRELOAD", "") if env is self.agent_env else ""
+                env["LD_PRELOAD"] = preload + (":" + theirs if theirs else "")
+        return self.hello()
+
     # -- host helpers (on_step) ----------------------------------------------------------------
 
     def _exists(self, request: dict[str, Any]) -> bool:
@@ -1764,6 +1828,61 @@ def _fresh_overlay_folder(folder: str, check_parents: bool) -> None:
         os.makedirs(parent, exist_ok=True)
     _remove_overlay(folder)
     os.mkdir(folder, 0o700)
+
+
+def find_time_shim() -> str | None:
+    """The path of libfaketime if the image has it as a regular file only root can change
+    (a library another uid could replace would be no clock policy at all), else None."""
+    import glob
+
+    for pattern in TIME_SHIM_PATTERNS:
+        for path in sorted(glob.glob(pattern)):
+            try:
+                st = os.stat(path)
+                parent = os.stat(os.path.dirname(path))
+            except OSError:
+                continue
+            if (stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
+                    and parent.st_uid == 0 and not parent.st_mode & 0o022):
+                return path
+    return None
+
+
+def _write_seed_file(path: str, seed: int | None, check_parents: bool) -> None:
+    """Write ``seed`` (decimal and a newline) to ``path`` atomically, mode 0644, or remove the
+    file when ``seed`` is None. In a container every folder above it must be one only root can
+    change (as for the overlay), so no tool can swap it or plant a link there."""
+    folder = os.path.dirname(path)
+    if check_parents:
+        current = "/"
+        for part in [p for p in folder.split("/") if p]:
+            current = os.path.join(current, part)
+            try:
+                st = os.lstat(current)
+            except FileNotFoundError:
+                os.mkdir(current, 0o755)
+                st = os.lstat(current)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                raise ProtocolError("the seed file's folder %s is not a folder only root can change" % current)
+    else:
+        os.makedirs(folder, exist_ok=True)
+    if seed is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # never followed: unlink removes a link itself
+        return
+    temp = "%s.%d.tmp" % (path, os.getpid())
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temp)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write("%d\n" % seed)
+        os.chmod(temp, 0o644)  # whatever the umask
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 def _remove_overlay(folder: str) -> None:

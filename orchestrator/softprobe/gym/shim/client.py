@@ -15,6 +15,7 @@ from softprobe.gym.errors import SandboxError, SandboxLostError, ShimReplyError
 from softprobe.gym.shim.protocol import (
     CallRequest,
     CallResult,
+    EpisodeEnvRequest,
     ExistsRequest,
     HelloRequest,
     HelloResult,
@@ -111,6 +112,12 @@ class ShimClient:
         relative to its overlay folder, or empty); return its new hello. Once per sandbox."""
         request = OverlayRequest(tools=tools, archive=base64.b64encode(archive).decode("ascii"))
         return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S + 60), "overlay")
+
+    async def episode_env(self, *, clock_start: int | None, random_seed: int | None) -> HelloResult:
+        """Have the shim fix the clock start and random seed of the processes it starts; return
+        its hello. Once per sandbox, before any call."""
+        request = EpisodeEnvRequest(clock_start=clock_start, random_seed=random_seed)
+        return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S), "episode_env")
 
     async def exists(self, path: str) -> bool:
         return bool(await self._request(ExistsRequest(path=path), RESPONSE_GRACE_S))

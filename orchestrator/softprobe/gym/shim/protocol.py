@@ -65,6 +65,17 @@ class OverlayRequest(_Request):
     archive: str = ""
 
 
+class EpisodeEnvRequest(_Request):
+    """Fix the episode's clock and random seed for every process the shim starts, once, before
+    any call: ``clock_start`` (epoch seconds; needs the ``time_shim`` capability) is where each
+    program's clock begins, ``random_seed`` goes into ``PYTHONHASHSEED``,
+    ``SOFTPROBE_RANDOM_SEED`` and the seed file. None: leave it live. Answered with the hello."""
+
+    op: Literal["episode_env"] = "episode_env"
+    clock_start: int | None = None
+    random_seed: int | None = Field(default=None, ge=0, lt=2**32)
+
+
 class RescanRequest(_Request):
     """Sweep every process, then walk the whole workspace: a digest that trusts no tracker."""
 
@@ -78,6 +89,7 @@ class RescanResult(BaseModel):
 
 ShimRequest = (
     HelloRequest | CallRequest | ExistsRequest | ReadTextRequest | SeedRequest | OverlayRequest | RescanRequest
+    | EpisodeEnvRequest
 )
 
 
@@ -129,6 +141,8 @@ class HelloResult(BaseModel):
     digest_mode: str = "scan"
     pid: int = 0
     hardened: bool = False
+    #: What the sandbox offers beyond the tools: ``time_shim`` (libfaketime, for a recorded clock).
+    capabilities: list[str] = Field(default_factory=list)
 
 
 class CallResult(BaseModel):
