@@ -1139,7 +1139,10 @@ class Shim:
         self.overlay = os.path.abspath(overlay or (self.workspace + ".overlay" if local else DEFAULT_OVERLAY))
         self.overlay_requested = False  # one overlay op per shim: the tools are fixed after it
         self.seed_file = self.workspace + ".seed" if local else DEFAULT_SEED_FILE
-        self.time_shim = find_time_shim()
+        # The time shim, and ``env`` to start it in (see _clocked): without both, no time shim.
+        self.env_program = _root_owned_program("/usr/bin/env") or _root_owned_program("/bin/env")
+        self.time_shim = find_time_shim() if self.env_program else None
+        self.clock_env: dict[str, str] = {}  # what _clocked adds (episode_env with a clock_start)
         self.episode_env_set = False  # one episode_env op per shim, before any call
         self.served_call = False
         self.builtins: dict[str, BuiltinTool] = {
@@ -1365,6 +1368,8 @@ class Shim:
             diagnostics = {}
             observation = "error (internal_error): %s" % error["message"]
             touched = None
+        if self.clock_env and not self.local and (name == "shell.exec" or name in self.declared):
+            _remove_time_shim_leftovers()
         changed = self.refresh_raw(touched)
         if error is not None and diagnostics.get("exit_code") == 128 + signal.SIGXFSZ:
             # A shell reports a child killed by SIGXFSZ as 153, but so can `exit 153`: only a
@@ -1565,9 +1570,10 @@ class Shim:
         if "\x00" in args["command"]:
             raise ToolError("invalid_arguments", "command must not contain NUL bytes")
         argv, spawn = self.identity.spawn("agent", ["/bin/sh", "-c", args["command"]])
+        argv, env = self._clocked(argv, _with_traceparent(self.agent_env, traceparent))
         exit_code, output, diagnostics = run_process(
             argv, self.workspace, timeout_s, output_cap,
-            spawn=spawn, env=_with_traceparent(self.agent_env, traceparent),
+            spawn=spawn, env=env,
             over_quota=self._poll_quota if self._quota_polled() else None,
         )
         text = output.text()
@@ -1589,12 +1595,13 @@ class Shim:
         timeout_s = min(float(spec.get("timeout_s", timeout_s)), timeout_s)
         stdin_data = json.dumps(args).encode()
         argv, spawn = self.identity.spawn("tool", list(spec["command"]))
+        argv, env = self._clocked(argv, _with_traceparent(self.tool_env, traceparent))
         # Started in "/", not in the agent's workspace: nothing the agent plants there is found
         # through a relative path or an interpreter's current folder. SOFTPROBE_WORKSPACE says
         # where the workspace is.
         exit_code, output, diagnostics = run_process(
             argv, "/", timeout_s, output_cap, stdin_data,
-            spawn=spawn, env=_with_traceparent(self.tool_env, traceparent),
+            spawn=spawn, env=env,
             over_quota=self._poll_quota if self._quota_polled() else None,
         )
         text = output.text()
@@ -1611,6 +1618,28 @@ class Shim:
                 message = "%s printed invalid JSON (NaN and Infinity are not JSON)" % name
                 raise ToolError("tool_failed", message, diagnostics) from err
         return text, diagnostics
+
+    def _clocked(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """``argv`` and ``env`` with the time shim's variables (``clock_env``), if any.
+
+        Started through ``setpriv`` (as root), the variables are set by ``env`` run after the
+        uid switch: libfaketime in a root process would make root-only shared memory that the
+        program, once it runs as the agent, could not open (and fail). The image's own
+        LD_PRELOAD (the agent's environment only: tools get none) comes after the time shim.
+        """
+        if not self.clock_env:
+            return argv, env
+        added = dict(self.clock_env)
+        if env.get("LD_PRELOAD"):
+            added["LD_PRELOAD"] += ":" + env["LD_PRELOAD"]
+        setpriv = self.identity.setpriv
+        if setpriv and argv[:1] == [setpriv] and "--" in argv and self.env_program:
+            cut = argv.index("--") + 1
+            assignments = ["%s=%s" % item for item in sorted(added.items())]
+            return argv[:cut] + [self.env_program] + assignments + argv[cut:], env
+        merged = dict(env)
+        merged.update(added)
+        return argv, merged
 
     def _quota_polled(self) -> bool:
         return bool(self.limits.quota_bytes or self.limits.quota_inodes)
@@ -1725,20 +1754,14 @@ class Shim:
             raise ToolError("no_time_shim", "this image has no time shim (libfaketime): its clock cannot be set")
         _write_seed_file(self.seed_file, seed, check_parents=not self.local)
         self.episode_env_set = True
-        added: dict[str, str] = {}
-        preload = self.time_shim if clock_start is not None else None
-        if clock_start is not None:
+        if clock_start is not None and self.time_shim is not None:
             # "@" is libfaketime's start-at mode (the clock advances from there); "%s" reads the
             # instant as epoch seconds, whatever the time zone. The monotonic clock stays real.
-            added.update(FAKETIME="@%d" % clock_start, FAKETIME_FMT="%s", DONT_FAKE_MONOTONIC="1")
+            self.clock_env = {"LD_PRELOAD": self.time_shim, "FAKETIME": "@%d" % clock_start,
+                              "FAKETIME_FMT": "%s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
         if seed is not None:
-            added.update(PYTHONHASHSEED=str(seed), SOFTPROBE_RANDOM_SEED=str(seed))
-        for env in (self.agent_env, self.tool_env):
-            env.update(added)
-            if preload is not None:
-                # The image's own preload (agent's environment only: tools get none) comes after.
-                theirs = env.get("LD_PRELOAD", "") if env is self.agent_env else ""
-                env["LD_PRELOAD"] = preload + (":" + theirs if theirs else "")
+            for env in (self.agent_env, self.tool_env):
+                env.update(PYTHONHASHSEED=str(seed), SOFTPROBE_RANDOM_SEED=str(seed))
         return self.hello()
 
     # -- host helpers (on_step) ----------------------------------------------------------------
@@ -1846,6 +1869,20 @@ def find_time_shim() -> str | None:
                     and parent.st_uid == 0 and not parent.st_mode & 0o022):
                 return path
     return None
+
+
+def _remove_time_shim_leftovers() -> None:
+    """Remove the shared memory libfaketime leaves in /dev/shm (two small files a program tree):
+    after a step no process is left to use it, and a long episode would fill the container's
+    /dev/shm with it otherwise."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(("faketime_shm_", "sem.faketime_sem_")):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join("/dev/shm", name))
 
 
 def _write_seed_file(path: str, seed: int | None, check_parents: bool) -> None:
