@@ -91,6 +91,9 @@ class HostConfig(BaseModel):
         return {**data, "tape": named} if isinstance(named, str) else data
     #: With a tape: ``shell.exec`` recorded and replayed as CHILD_PROCESS entries.
     record_processes: StrictBool = False
+    #: The clock and random seed of every episode's processes (softprobe.gym.tapes.clock).
+    time_policy: Literal["live", "recorded"] = "live"
+    random_seed: StrictInt | None = Field(default=None, ge=0, lt=2**32)
 
     @field_validator("run_root", "seed_root", "tape")
     @classmethod

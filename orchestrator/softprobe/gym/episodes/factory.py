@@ -71,6 +71,8 @@ def create_host_environment(
     tape: str | Path | None = None,
     replay_strict: bool = False,
     record_processes: bool = False,
+    time_policy: str = "live",
+    random_seed: int | None = None,
 ) -> HostEnvironment:
     """Create a host that runs each episode in its own sandbox (a Docker container by default).
 
@@ -158,6 +160,17 @@ def create_host_environment(
             without running anything and re-applies its workspace changes. Default ``False``:
             ``shell.exec`` runs live (a replayed tape that holds ``CHILD_PROCESS`` entries is
             served from the tape either way).
+        time_policy: ``"live"`` (default: the real clock) or ``"recorded"``: every program the
+            shim starts (declared tools, ``shell.exec``) gets the time shim (libfaketime, in
+            ``softprobe/base``) preloaded and its clock begins at the attempt's instant T0 (the
+            reset's time, kept on the tape as a ``CLOCK`` entry and reused by replay and forks),
+            then advances. Statically linked programs keep the real clock; an image without the
+            time shim too (``diagnostics["clock"]`` and the closure report say so: note
+            ``no_time_shim``). See :mod:`softprobe.gym.tapes.clock`.
+        random_seed: an int in 0..2**32-1 every started process gets as ``PYTHONHASHSEED`` and
+            ``SOFTPROBE_RANDOM_SEED`` and finds in ``/opt/softprobe/seed``. Recording keeps it on
+            the tape as a ``RANDOM`` entry (with ``time_policy="recorded"`` drawing one when
+            None); replay reuses the tape's. ``/dev/urandom`` stays live.
 
     Raises:
         BundleError: the bundle is invalid or names an image the provider does not have (a
@@ -196,6 +209,7 @@ def create_host_environment(
         pool_size=pool_size, max_containers=max_containers, workspace_tracking=workspace_tracking,
         artifact_budget_bytes=artifact_budget_bytes, checkpoint_budget_bytes=checkpoint_budget_bytes,
         tape_mode=tape_mode, tape=tape, replay_strict=replay_strict, record_processes=record_processes,
+        time_policy=time_policy, random_seed=random_seed,
         **options,
     )
     return open_host(config)

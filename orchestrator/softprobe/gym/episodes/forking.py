@@ -148,7 +148,8 @@ class Forker:
             check_prefix_length(prefix_length, len(parent.steps))
         # The child is the parent's episode again: same seed folder, same step limit.
         handle = await self._host.create_episode(
-            episode_id=child_episode_id, max_steps=parent.max_steps, seed_root=parent.seed_root
+            episode_id=child_episode_id, max_steps=parent.max_steps, seed_root=parent.seed_root,
+            time_policy=parent.time_policy, random_seed=parent.random_seed,
         )
         child = self._registry.get(handle.episode_id)
         # A child tapes processes when its parent did (its prefix and branch alike).
@@ -211,6 +212,7 @@ class Forker:
                 child.store.append_step(step)
             child.initial_digest = entry.initial_digest
             self._registry.start_tape(child)  # inherits the parent's entries up to the checkpoint
+            await self._registry.start_clock(child, runtime)  # the parent's clock and seed, from them
             child.workspace_digest = record.workspace_digest
             child.state = state_after(child.steps)
         return ForkLineage(

@@ -44,6 +44,7 @@ from softprobe.gym.results import (
 from softprobe.gym.settings import Capabilities
 from softprobe.gym.shim.runtime import Runtime
 from softprobe.gym.tapes.attempt import check_tape_options, write_closure_report
+from softprobe.gym.tapes.clock import check_random_seed, check_time_policy
 
 
 class HostEnvironment:
@@ -151,10 +152,13 @@ class HostEnvironment:
         tape_mode: str | None = None,
         tape: str | Path | None = None,
         record_processes: bool | None = None,
+        time_policy: str | None = None,
+        random_seed: int | None = None,
     ) -> EpisodeHandle:
         """Reserve an episode id and its folder; see :meth:`Host.create_episode`. ``tape_mode``,
         ``tape`` and ``record_processes`` override the host's for this episode (``tape``: exactly
-        the folder to record to or replay)."""
+        the folder to record to or replay); so do ``time_policy`` and ``random_seed`` (None: the
+        host's; see :func:`~softprobe.gym.create_host_environment`)."""
         self._check_open()
         episode_id = validate_episode_id(f"ep-{uuid.uuid4().hex[:12]}" if episode_id is None else episode_id)
         if episode_id in self._registry:
@@ -165,13 +169,15 @@ class HostEnvironment:
         mode, tape_path = check_tape_options(tape_mode, tape)
         if record_processes is not None and not isinstance(record_processes, bool):
             raise ConfigurationError(f"record_processes must be True, False or None, not {record_processes!r}")
+        policy, seed_value = check_time_policy(time_policy), check_random_seed(random_seed)
         seed = None
         if seed_root is not None:
             seed = Path(seed_root).expanduser().resolve()
             if not seed.is_dir():
                 raise ConfigurationError(f"seed_root {seed} is not a directory")
         episode = Episode(episode_id, EpisodeStore(self.run_root, episode_id), max_steps=limit, seed_root=seed,
-                          tape_mode=mode, tape_path=tape_path, record_processes=record_processes)
+                          tape_mode=mode, tape_path=tape_path, record_processes=record_processes,
+                          time_policy=policy, random_seed=seed_value)
         episode.store.create(self._registry.record(episode))  # claims the folder, or EpisodeExistsError
         self._registry.add(episode)
         return EpisodeHandle(episode_id=episode_id, state=episode.state, episode_dir=episode.store.dir)
@@ -196,6 +202,7 @@ class HostEnvironment:
             episode.steps = []
             episode.broken = None
             self._registry.start_tape(episode)
+            clock = await self._registry.start_clock(episode, runtime)
             episode.source_trace_id = span.trace_id or episode.source_trace_id
             episode.initial_digest = episode.workspace_digest = hello.workspace_digest
             episode.state = EpisodeState.READY
@@ -209,6 +216,7 @@ class HostEnvironment:
                     "changed_paths": [],
                     "image_id": runtime.image_id,
                     "shim_version": hello.shim_version,
+                    **({"clock": clock.diagnostics()} if clock.reported else {}),
                 },
                 tools=[tool.info() for tool in hello.tools],
                 source_trace_id=episode.source_trace_id,

@@ -22,6 +22,7 @@ from softprobe.gym.providers.base import SandboxSpec
 from softprobe.gym.results import EpisodeState, StepResult
 from softprobe.gym.shim.runtime import Runtime
 from softprobe.gym.tapes.attempt import open_session
+from softprobe.gym.tapes.clock import EpisodeClock, TimePolicy, start_clock
 from softprobe.gym.tapes.model import TapeMode
 from softprobe.gym.tapes.session import TapedCall, TapeSession
 from softprobe.gym.tapes.store import TapeFolder
@@ -51,6 +52,8 @@ class Episode:
     tape_path: Path | None = None  # overrides the host's tape
     record_processes: bool | None = None  # overrides the host's record_processes
     tape: TapeSession | None = None  # the current attempt's (made by reset)
+    time_policy: TimePolicy | None = None  # overrides the host's time_policy
+    random_seed: int | None = None  # overrides the host's random_seed
     # a fork child's inherited entries, branch step, and the tape its parent replays (None: none)
     tape_prefix: tuple[list[TapedCall], int, TapeFolder | None] | None = None
     # Names this attempt (renewed by every reset): in result.json and on every trajectory line.
@@ -172,6 +175,15 @@ class EpisodeRegistry:
                               else episode.record_processes),
         )
         episode.tape_prefix = None  # inherited once: a later reset begins a tape of its own
+
+    async def start_clock(self, episode: Episode, runtime: Runtime) -> EpisodeClock:
+        """Fix the new attempt's clock and seed (after :meth:`start_tape`, before any call):
+        see :mod:`softprobe.gym.tapes.clock`."""
+        assert episode.tape is not None
+        return await start_clock(
+            episode.tape, runtime, time_policy=episode.time_policy or self.config.time_policy,
+            random_seed=episode.random_seed if episode.random_seed is not None else self.config.random_seed,
+        )
 
     def save(self, episode: Episode) -> None:
         """Rewrite the episode's ``episode.json``."""

@@ -16,6 +16,10 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
     {"id": 5, "op": "overlay", "tools": {"billing.refund": {...manifest entry...}}, "archive": "<base64 tar>"}
     {"id": 6, "op": "export_changes", "max_bytes": 8388608}   (what the last call changed, for a tape)
     {"id": 7, "op": "apply_changes", "changes": [{"path": "a.txt", "kind": "file", "mode": 420, "data": "..."}]}
+    {"id": 8, "op": "episode_env", "clock_start": 1700000000, "random_seed": 42}
+    (host-only, once, before any call: the clock every started program begins at, through the
+    preloaded time shim the hello lists as the capability "time_shim", and the random seed; see
+    ``Shim.set_episode_env``)
 
 Responses: ``{"id": N, "ok": true, "result": ...}`` or, when the request itself was unusable,
 ``{"id": N, "ok": false, "error": {"type": ..., "message": ...}}``. A tool that fails is *not* a
@@ -34,7 +38,12 @@ Invariants the host relies on:
 - file tools never touch anything outside the workspace, after resolving symlinks;
 - tools the host adds (``overlay``, once, before any call) live outside the workspace in a folder
   the shim made afresh, owned by it and read-only to every tool (``/opt/softprobe/overlay``);
-- tool output is capped; the cap keeps the head and the tail around a visible marker.
+- tool output is capped; the cap keeps the head and the tail around a visible marker;
+- the time shim (libfaketime) is used only from a root-owned, not group/other-writable file,
+  and the seed file (``/opt/softprobe/seed``) is written by the shim, root's, mode 0644: neither
+  the agent nor a tool can change what the other one gets. The variables that set them up are in
+  the environment the shim gives each process: an agent that unsets ``LD_PRELOAD`` in its own
+  command changes its own clock only, never a tool's.
 
 Local mode (``--local``, and whenever the shim is not PID 1 of its own PID namespace): the same
 shim run as a plain process on a developer's machine or in CI, in a private temp folder. It then
@@ -90,6 +99,11 @@ DEFAULT_MANIFEST = "/etc/softprobe/tools.json"
 #: Where a container's overlay files (tools added without an image build) land: outside the
 #: workspace, root's, read-only to every tool.
 DEFAULT_OVERLAY = "/opt/softprobe/overlay"
+#: Where the episode's random seed is written (``episode_env``): root's, readable by all.
+DEFAULT_SEED_FILE = "/opt/softprobe/seed"
+#: Where libfaketime (the time shim of ``time_policy="recorded"``) may be, in the order tried.
+TIME_SHIM_PATTERNS = ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
+                      "/usr/local/lib/faketime/libfaketime.so.1")
 #: What an overlay tool's command items say for the overlay folder.
 OVERLAY_PLACEHOLDER = "${SOFTPROBE_OVERLAY}"
 #: The keys an overlay tool's manifest entry may have.
@@ -1131,6 +1145,12 @@ class Shim:
         # Local mode: beside the workspace (like its HOME), never inside it.
         self.overlay = os.path.abspath(overlay or (self.workspace + ".overlay" if local else DEFAULT_OVERLAY))
         self.overlay_requested = False  # one overlay op per shim: the tools are fixed after it
+        self.seed_file = self.workspace + ".seed" if local else DEFAULT_SEED_FILE
+        # The time shim, and ``env`` to start it in (see _clocked): without both, no time shim.
+        self.env_program = _root_owned_program("/usr/bin/env") or _root_owned_program("/bin/env")
+        self.time_shim = find_time_shim() if self.env_program else None
+        self.clock_env: dict[str, str] = {}  # what _clocked adds (episode_env with a clock_start)
+        self.episode_env_set = False  # one episode_env op per shim, before any call
         self.served_call = False
         self.last_changed: list[bytes] | None = None  # what the last call changed (export_changes)
         self.builtins: dict[str, BuiltinTool] = {
@@ -1171,6 +1191,8 @@ class Shim:
             return self.export_changes(request)
         if op == "apply_changes":
             return self.apply_changes(request)
+        if op == "episode_env":
+            return self.set_episode_env(request)
         raise ProtocolError("unknown op %r" % (op,))
 
     def full_scan(self) -> list[bytes]:
@@ -1317,6 +1339,7 @@ class Shim:
             "pid": os.getpid(),
             "hardened": self.hardened,
             "mcp_errors": dict(self.mcp_errors),
+            "capabilities": ["time_shim"] if self.time_shim else [],
         }
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -1367,6 +1390,9 @@ class Shim:
             diagnostics = {}
             observation = "error (internal_error): %s" % error["message"]
             touched = None
+        started_programs = name == "shell.exec" or name in self.declared or name in self.mcp_tools
+        if self.clock_env and not self.local and started_programs:
+            _remove_time_shim_leftovers()
         changed = self.refresh_raw(touched)
         self.last_changed = changed
         if error is not None and diagnostics.get("exit_code") == 128 + signal.SIGXFSZ:
@@ -1568,9 +1594,10 @@ class Shim:
         if "\x00" in args["command"]:
             raise ToolError("invalid_arguments", "command must not contain NUL bytes")
         argv, spawn = self.identity.spawn("agent", ["/bin/sh", "-c", args["command"]])
+        argv, env = self._clocked(argv, _with_traceparent(self.agent_env, traceparent))
         exit_code, output, diagnostics = run_process(
             argv, self.workspace, timeout_s, output_cap,
-            spawn=spawn, env=_with_traceparent(self.agent_env, traceparent),
+            spawn=spawn, env=env,
             over_quota=self._poll_quota if self._quota_polled() else None,
         )
         text = output.text()
@@ -1592,12 +1619,13 @@ class Shim:
         timeout_s = min(float(spec.get("timeout_s", timeout_s)), timeout_s)
         stdin_data = json.dumps(args).encode()
         argv, spawn = self.identity.spawn("tool", list(spec["command"]))
+        argv, env = self._clocked(argv, _with_traceparent(self.tool_env, traceparent))
         # Started in "/", not in the agent's workspace: nothing the agent plants there is found
         # through a relative path or an interpreter's current folder. SOFTPROBE_WORKSPACE says
         # where the workspace is.
         exit_code, output, diagnostics = run_process(
             argv, "/", timeout_s, output_cap, stdin_data,
-            spawn=spawn, env=_with_traceparent(self.tool_env, traceparent),
+            spawn=spawn, env=env,
             over_quota=self._poll_quota if self._quota_polled() else None,
         )
         text = output.text()
@@ -1659,7 +1687,8 @@ class Shim:
 
     def _mcp_session(self, server: dict[str, Any], output_cap: int, traceparent: str | None = None) -> McpSession:
         argv, spawn = self.identity.spawn("tool", list(server["command"]))
-        env = dict(self.tool_env, **server["env"])
+        # A server is a program the shim starts: the episode's clock and seed apply to it too.
+        argv, env = self._clocked(argv, dict(self.tool_env, **server["env"]))
         return McpSession(server["name"], argv, _with_traceparent(env, traceparent), spawn,
                           max(MCP_MIN_MESSAGE_BYTES, 4 * output_cap))
 
@@ -1716,6 +1745,27 @@ class Shim:
                     return tools[:MCP_MAX_TOOLS]
         finally:
             session.close(0.0)
+    def _clocked(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """``argv`` and ``env`` with the time shim's variables (``clock_env``), if any.
+
+        Started through ``setpriv`` (as root), the variables are set by ``env`` run after the
+        uid switch: libfaketime in a root process would make root-only shared memory that the
+        program, once it runs as the agent, could not open (and fail). The image's own
+        LD_PRELOAD (the agent's environment only: tools get none) comes after the time shim.
+        """
+        if not self.clock_env:
+            return argv, env
+        added = dict(self.clock_env)
+        if env.get("LD_PRELOAD"):
+            added["LD_PRELOAD"] += ":" + env["LD_PRELOAD"]
+        setpriv = self.identity.setpriv
+        if setpriv and argv[:1] == [setpriv] and "--" in argv and self.env_program:
+            cut = argv.index("--") + 1
+            assignments = ["%s=%s" % item for item in sorted(added.items())]
+            return argv[:cut] + [self.env_program] + assignments + argv[cut:], env
+        merged = dict(env)
+        merged.update(added)
+        return argv, merged
 
     def _quota_polled(self) -> bool:
         return bool(self.limits.quota_bytes or self.limits.quota_inodes)
@@ -1848,6 +1898,43 @@ class Shim:
         if failure is not None:
             result["error"] = {"type": "change_set_failed", "message": failure}
         return result
+    # -- the episode's clock and seed --------------------------------------------------------
+
+    def set_episode_env(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Fix the clock and the random seed of every process started from now on, once, before
+        the first call.
+
+        ``clock_start`` (epoch seconds, or null: the live clock): each program started (each
+        ``exec``) gets the time shim preloaded and its clock begins at that instant, then runs at
+        the real rate; CLOCK_MONOTONIC stays real. Refused (``no_time_shim``) without the time
+        shim. ``random_seed`` (0..2**32-1, or null: none): ``PYTHONHASHSEED`` and
+        ``SOFTPROBE_RANDOM_SEED`` in every process's environment and the seed file
+        (``/opt/softprobe/seed``, root's, 0644) rewritten; with null the seed file is removed
+        (a checkpoint's image may hold its parent's). Returns the hello.
+        """
+        if self.episode_env_set or self.served_call:
+            raise ProtocolError("the episode's environment is fixed once it starts: episode_env comes once, "
+                                "before any call")
+        clock_start = request.get("clock_start")
+        seed = request.get("random_seed")
+        if clock_start is not None and (isinstance(clock_start, bool) or not isinstance(clock_start, int)
+                                        or not 0 <= clock_start < 1 << 40):
+            raise ProtocolError("clock_start must be epoch seconds (an int) or null")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 32):
+            raise ProtocolError("random_seed must be an int from 0 to 2**32-1 or null")
+        if clock_start is not None and self.time_shim is None:
+            raise ToolError("no_time_shim", "this image has no time shim (libfaketime): its clock cannot be set")
+        _write_seed_file(self.seed_file, seed, check_parents=not self.local)
+        self.episode_env_set = True
+        if clock_start is not None and self.time_shim is not None:
+            # "@" is libfaketime's start-at mode (the clock advances from there); "%s" reads the
+            # instant as epoch seconds, whatever the time zone. The monotonic clock stays real.
+            self.clock_env = {"LD_PRELOAD": self.time_shim, "FAKETIME": "@%d" % clock_start,
+                              "FAKETIME_FMT": "%s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        if seed is not None:
+            for env in (self.agent_env, self.tool_env):
+                env.update(PYTHONHASHSEED=str(seed), SOFTPROBE_RANDOM_SEED=str(seed))
+        return self.hello()
 
     # -- host helpers (on_step) ----------------------------------------------------------------
 
@@ -2191,6 +2278,75 @@ def _fresh_overlay_folder(folder: str, check_parents: bool) -> None:
         os.makedirs(parent, exist_ok=True)
     _remove_overlay(folder)
     os.mkdir(folder, 0o700)
+
+
+def find_time_shim() -> str | None:
+    """The path of libfaketime if the image has it as a regular file only root can change
+    (a library another uid could replace would be no clock policy at all), else None."""
+    import glob
+
+    for pattern in TIME_SHIM_PATTERNS:
+        for path in sorted(glob.glob(pattern)):
+            try:
+                st = os.stat(path)
+                parent = os.stat(os.path.dirname(path))
+            except OSError:
+                continue
+            if (stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
+                    and parent.st_uid == 0 and not parent.st_mode & 0o022):
+                return path
+    return None
+
+
+def _remove_time_shim_leftovers() -> None:
+    """Remove the shared memory libfaketime leaves in /dev/shm (two small files a program tree):
+    after a step no process is left to use it, and a long episode would fill the container's
+    /dev/shm with it otherwise."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(("faketime_shm_", "sem.faketime_sem_")):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join("/dev/shm", name))
+
+
+def _write_seed_file(path: str, seed: int | None, check_parents: bool) -> None:
+    """Write ``seed`` (decimal and a newline) to ``path`` atomically, mode 0644, or remove the
+    file when ``seed`` is None. In a container every folder above it must be one only root can
+    change (as for the overlay), so no tool can swap it or plant a link there."""
+    folder = os.path.dirname(path)
+    if check_parents:
+        current = "/"
+        for part in [p for p in folder.split("/") if p]:
+            current = os.path.join(current, part)
+            try:
+                st = os.lstat(current)
+            except FileNotFoundError:
+                os.mkdir(current, 0o755)
+                st = os.lstat(current)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                raise ProtocolError("the seed file's folder %s is not a folder only root can change" % current)
+    else:
+        os.makedirs(folder, exist_ok=True)
+    if seed is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # never followed: unlink removes a link itself
+        return
+    temp = "%s.%d.tmp" % (path, os.getpid())
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temp)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write("%d\n" % seed)
+        os.chmod(temp, 0o644)  # whatever the umask
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 def _remove_overlay(folder: str) -> None:

@@ -17,6 +17,7 @@ from softprobe.gym.shim.protocol import (
     ApplyChangesResult,
     CallRequest,
     CallResult,
+    EpisodeEnvRequest,
     ExistsRequest,
     ExportChangesRequest,
     ExportChangesResult,
@@ -119,6 +120,12 @@ class ShimClient:
         request = OverlayRequest(tools=tools, archive=base64.b64encode(archive).decode("ascii"),
                                  mcp_servers=mcp_servers or [])
         return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S + 60), "overlay")
+
+    async def episode_env(self, *, clock_start: int | None, random_seed: int | None) -> HelloResult:
+        """Have the shim fix the clock start and random seed of the processes it starts; return
+        its hello. Once per sandbox, before any call."""
+        request = EpisodeEnvRequest(clock_start=clock_start, random_seed=random_seed)
+        return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S), "episode_env")
 
     async def exists(self, path: str) -> bool:
         return bool(await self._request(ExistsRequest(path=path), RESPONSE_GRACE_S))

@@ -68,6 +68,17 @@ class OverlayRequest(_Request):
     mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class EpisodeEnvRequest(_Request):
+    """Fix the episode's clock and random seed for every process the shim starts, once, before
+    any call: ``clock_start`` (epoch seconds; needs the ``time_shim`` capability) is where each
+    program's clock begins, ``random_seed`` goes into ``PYTHONHASHSEED``,
+    ``SOFTPROBE_RANDOM_SEED`` and the seed file. None: leave it live. Answered with the hello."""
+
+    op: Literal["episode_env"] = "episode_env"
+    clock_start: int | None = None
+    random_seed: int | None = Field(default=None, ge=0, lt=2**32)
+
+
 class RescanRequest(_Request):
     """Sweep every process, then walk the whole workspace: a digest that trusts no tracker."""
 
@@ -117,6 +128,7 @@ class ApplyChangesResult(BaseModel):
 ShimRequest = (
     HelloRequest | CallRequest | ExistsRequest | ReadTextRequest | SeedRequest | OverlayRequest | RescanRequest
     | ExportChangesRequest | ApplyChangesRequest
+    | EpisodeEnvRequest
 )
 
 
@@ -173,6 +185,8 @@ class HelloResult(BaseModel):
     #: MCP server -> why (some of) its tools are not offered (it failed to list them, or a
     #: tool's name is invalid or taken).
     mcp_errors: dict[str, str] = Field(default_factory=dict)
+    #: What the sandbox offers beyond the tools: ``time_shim`` (libfaketime, for a recorded clock).
+    capabilities: list[str] = Field(default_factory=list)
 
 
 class CallResult(BaseModel):

@@ -172,6 +172,18 @@ class Runtime:
         except SandboxLostError as err:
             raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
 
+    async def set_episode_env(self, *, clock_start: int | None, random_seed: int | None) -> HelloResult:
+        """Fix the clock start (epoch seconds; needs ``"time_shim"`` in ``hello.capabilities``)
+        and the random seed of every process this sandbox's shim starts from now on. Once, before
+        the first call; returns the new hello.
+
+        Raises:
+            SandboxError: the shim refused (no time shim, or a call was already made).
+            SandboxLostError: as for :meth:`call_tool`.
+        """
+        self.hello = await self._client.episode_env(clock_start=clock_start, random_seed=random_seed)
+        return self.hello
+
     async def seed(self, seed_root: Path | None) -> HelloResult:
         """Copy ``seed_root`` into the workspace of this started sandbox; return the new hello.
 

@@ -20,7 +20,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from softprobe.gym.errors import ReplayMissError, TapeError
 from softprobe.gym.results import StepError
@@ -40,6 +40,9 @@ from softprobe.gym.tapes.model import (
     run_level_of,
 )
 from softprobe.gym.tapes.store import TapeFolder
+
+if TYPE_CHECKING:  # tapes.clock builds on this module
+    from softprobe.gym.tapes.clock import EpisodeClock
 
 #: What a dependency of a replayable category can offer.
 TAPE_REPLAY = "tape_replay"
@@ -95,6 +98,7 @@ class TapeSession:
         self.prefix_steps = prefix_steps
         self.replay_source = replay_source if mode == "record" else None
         self.log: list[TapedCall] = []  # this attempt's entries, in order
+        self.clock: EpisodeClock | None = None  # its clock and seed (tapes.clock.plan_clock, at reset)
         self._dependencies: list[ClosureDependency] = [
             ClosureDependency(category="FILESYSTEM", operation="workspace", provider="seeded", call_site="reset")
         ]
@@ -224,20 +228,23 @@ class TapeSession:
 
     def closure_report(self) -> ClosureReport:
         """Every dependency observed so far. When a process ran for real (a live tool, a
-        command), its clock and randomness were live too, and with a network it may have made
-        calls we cannot see: those are listed as ``live`` and ``unsupported``."""
+        command), its clock and randomness were live too unless the attempt's time policy and
+        seed (:attr:`clock`) controlled them, and with a network it may have made calls we
+        cannot see: those are listed as ``live`` and ``unsupported``."""
         dependencies = list(self._dependencies)
         site = self._live_process_site
-        if site is not None:
+        if self.clock is not None:  # the attempt's time policy and seed say what was controlled
+            dependencies.extend(self.clock.dependencies(site))
+        elif site is not None:
             for category, operation in (("CLOCK", "time"), ("RANDOM", "random")):
                 dependencies.append(ClosureDependency(
                     category=category, operation=operation, provider="live", call_site=site  # type: ignore[arg-type]
                 ))
-            if self.network_mode != "none" and not self.http_journaled:
-                dependencies.append(ClosureDependency(
-                    category="HTTP_CLIENT", operation=f"network:{self.network_mode}", provider="unsupported",
-                    call_site=site,
-                ))
+        if site is not None and self.network_mode != "none" and not self.http_journaled:
+            dependencies.append(ClosureDependency(
+                category="HTTP_CLIENT", operation=f"network:{self.network_mode}", provider="unsupported",
+                call_site=site,
+            ))
         return ClosureReport(run_level=run_level_of(dependencies), dependencies=dependencies)
 
     # -- internals --------------------------------------------------------------------------------

@@ -46,6 +46,12 @@ SUPPORT_DESK_IMAGE = "softprobe/support-desk:latest"
 BILLING_SERVICE_IMAGE = "softprobe/billing-service:latest"
 MCP_EXAMPLE_IMAGE = "softprobe/mcp-example:latest"
 SHIM_REPO_PATH = "orchestrator/softprobe/gym/shim/agent_shim.py"
+#: The Debian packages the offline rootfs adds to debootstrap's minbase: python3 for the shim,
+#: libfaketime for episodes with ``time_policy="recorded"`` (the preloaded time shim).
+ROOTFS_PACKAGES = ("python3", "libfaketime")
+#: The label on the offline rootfs naming its package list: a rootfs made with another list is
+#: rebuilt, not reused.
+ROOTFS_PACKAGES_LABEL = "softprobe.gym.rootfs-packages"
 
 Mode = Literal["auto", "online", "offline"]
 Log = Callable[[str], None]
@@ -156,8 +162,15 @@ def _base_parent(client: docker.DockerClient, mode: Mode, log: Log) -> str:
 
 
 def _ensure_rootfs(client: docker.DockerClient, log: Log) -> str:
-    if _has_image(client, ROOTFS_IMAGE):
+    packages = ",".join(ROOTFS_PACKAGES)
+    try:
+        previous: Image | None = client.images.get(ROOTFS_IMAGE)
+    except docker.errors.ImageNotFound:
+        previous = None
+    if previous is not None and (previous.labels or {}).get(ROOTFS_PACKAGES_LABEL) == packages:
         return ROOTFS_IMAGE
+    if previous is not None:
+        log(f"{ROOTFS_IMAGE} was made with other packages than {packages}; making it again")
     if shutil.which("debootstrap") is None:
         raise ImageBuildError(
             "the offline build needs debootstrap (apt-get install debootstrap) and root; or "
@@ -168,11 +181,11 @@ def _ensure_rootfs(client: docker.DockerClient, log: Log) -> str:
     work = Path(tempfile.mkdtemp(prefix="softprobe-rootfs-"))
     try:
         root = work / "root"
-        command = ["debootstrap", "--variant=minbase", "--include=python3", "bookworm", str(root)]
+        command = ["debootstrap", "--variant=minbase", f"--include={packages}", "bookworm", str(root)]
         mirror = _apt_mirror()
         if mirror:
             command.append(mirror)
-        log(f"debootstrap bookworm (minbase + python3) from {mirror or 'the default mirror'} ...")
+        log(f"debootstrap bookworm (minbase + {packages}) from {mirror or 'the default mirror'} ...")
         _run(command, "debootstrap")
         archive = work / "rootfs.tar"
         _run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(archive), "."], "tar")
@@ -184,12 +197,15 @@ def _ensure_rootfs(client: docker.DockerClient, log: Log) -> str:
             tag=tag,
             changes=[
                 f"LABEL {L.IMAGE_NAME}=rootfs",
+                f"LABEL {ROOTFS_PACKAGES_LABEL}={packages}",
                 "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 'CMD ["/bin/sh"]',
             ],
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if previous is not None and _id_of(previous) != _id_of(client.images.get(ROOTFS_IMAGE)):
+        _remove_superseded(client, _id_of(previous))
     return ROOTFS_IMAGE
 
 
