@@ -281,3 +281,58 @@ async def test_a_suite_runs_its_chat_policy(tmp_path: Path, desk_provider: objec
             result = await run_rollout(host, RolloutSpec(episode_id="refund", actions=suite.policy(suite.tasks[0])))
     assert result.final_output == "A-42 refunded"
     assert server.requests[0]["messages"][1]["content"].startswith("Refund A-42.")
+
+
+# -- retry waits and the session's PolicyStep, without a server -----------------------------------
+
+
+class _Failed(Exception):
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.response = type("R", (), {"headers": headers, "text": "busy"})()
+
+
+def test_retry_after_is_read_and_capped() -> None:
+    from datetime import datetime, timezone
+    from email.utils import format_datetime
+
+    from tenacity import RetryCallState
+
+    from softprobe.gym.policies.retrying import retry_after_s, wait_for
+
+    assert retry_after_s(_Failed({"retry-after": "3"})) == 3.0
+    assert retry_after_s(_Failed({"retry-after-ms": "250", "retry-after": "9"})) == 0.25
+    date = format_datetime(datetime.fromtimestamp(1_000_010, tz=timezone.utc), usegmt=True)
+    assert retry_after_s(_Failed({"retry-after": date}), now=1_000_000) == 10.0
+    assert retry_after_s(_Failed({"retry-after": "soon"})) is None and retry_after_s(_Failed({})) is None
+
+    def waited(error: Exception, attempt: int) -> float:
+        state = RetryCallState(None, None, (), {})
+        state.attempt_number = attempt
+        state.set_exception((type(error), error, None))
+        return wait_for(0.5, 4.0)(state)
+
+    assert waited(_Failed({"retry-after": "3"}), 1) == 3.0
+    assert waited(_Failed({"retry-after": "3600"}), 1) == 4.0  # the cap wins over the server
+    assert [waited(_Failed({}), n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+
+
+async def test_any_policy_may_return_a_policy_step(desk_host: HostEnvironment) -> None:
+    from softprobe.gym.training.session import PolicyStep
+
+    begun: list[str] = []
+
+    class Policy:
+        def begin_rollout(self, host: HostEnvironment, episode_id: str) -> None:
+            begun.append(episode_id)
+
+        def __call__(self, observation: object, last: object) -> PolicyStep | None:
+            if last is None:
+                return PolicyStep(action={"type": "tool", "name": "fs.list", "args": {}}, diagnostics={"mine": 1})
+            return None
+
+    session = create_training_session(desk_host, episode_id="ep")
+    async for _ in session.rollout(Policy()):
+        pass
+    result = await session.finalize()
+    assert begun == ["ep"] and result.steps[0].diagnostics["mine"] == 1
+    assert "hello.txt" in json.dumps(result.steps[0].observation)
