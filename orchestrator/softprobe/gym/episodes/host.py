@@ -39,6 +39,7 @@ from softprobe.gym.results import (
     FinalizeResult,
     ResetResult,
     SkippedMember,
+    StepError,
     StepResult,
 )
 from softprobe.gym.settings import Capabilities
@@ -223,9 +224,16 @@ class HostEnvironment:
                 duration_ms=_ms_since(started),
             )
 
-    async def step(self, *, episode_id: str, action: object, score: Score | None = None) -> StepResult:
-        """Apply one action; see :meth:`Host.step` (``score``: the training session's rewards)."""
-        return await self._stepper.step(self._registry.get(episode_id), action, score=score)
+    async def step(
+        self, *, episode_id: str, action: object, score: Score | None = None, refused: StepError | None = None
+    ) -> StepResult:
+        """Apply one action; see :meth:`Host.step` (``score``: the training session's rewards).
+
+        ``refused``: the agent's policy could not make this tool call (e.g. a model's malformed
+        arguments): nothing runs; the step is recorded with ``refused`` as its error and its
+        message as the observation. Only for a tool action (InvalidActionError otherwise).
+        """
+        return await self._stepper.step(self._registry.get(episode_id), action, score=score, refused=refused)
 
     async def checkpoint(self, *, episode_id: str) -> CheckpointRecord:
         """Commit the episode's sandbox for a later fork; see :meth:`Host.checkpoint`."""

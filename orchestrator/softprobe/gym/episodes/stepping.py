@@ -12,7 +12,7 @@ from softprobe.gym.episodes.admission import Admission
 from softprobe.gym.episodes.config import HostConfig
 from softprobe.gym.episodes.hooks import StepContext, call_hook
 from softprobe.gym.episodes.registry import Episode
-from softprobe.gym.errors import GymError, OnStepHookError, ReplayMissError, SandboxLostError
+from softprobe.gym.errors import GymError, InvalidActionError, OnStepHookError, ReplayMissError, SandboxLostError
 from softprobe.gym.results import EpisodeState, StepError, StepResult
 from softprobe.gym.shim.protocol import CallResult
 from softprobe.gym.shim.runtime import Runtime
@@ -33,18 +33,25 @@ class Stepper:
         self._admission = admission
         self._tracing = tracing
 
-    async def step(self, episode: Episode, action: object, *, score: Score | None) -> StepResult:
+    async def step(
+        self, episode: Episode, action: object, *, score: Score | None, refused: StepError | None = None
+    ) -> StepResult:
         """See :meth:`HostEnvironment.step`."""
         episode.require_usable("step")
         parsed = parse_action(action)
+        if refused is not None and not isinstance(parsed, ToolAction):
+            raise InvalidActionError("only a tool action can be refused (refused= names why its call was not made)")
         # The step's span is current while it runs: spans of instrumented hooks and reward code join it.
         async with episode.lock, self._tracing.span(episode.trace, "step", current=True) as span:
             runtime = episode.live_runtime("step")
             started = time.perf_counter()
             index = len(episode.steps) + 1
-            if isinstance(parsed, TerminateAction):
-                observation: Any = parsed.output if parsed.output is not None else ""
-                error: StepError | None = None
+            if isinstance(parsed, TerminateAction) or refused is not None:
+                # A terminate, or a call the agent's policy could not make (nothing runs): the
+                # observation is the final output, or why the call was refused.
+                output = parsed.output if isinstance(parsed, TerminateAction) else None
+                observation: Any = refused.message if refused is not None else (output or "")
+                error: StepError | None = refused
                 diagnostics: dict[str, Any] = {"workspace_digest": episode.workspace_digest, "changed_paths": []}
             else:
                 # A world's egress proxy tapes the plain HTTP of built-in calls (tapes.http).

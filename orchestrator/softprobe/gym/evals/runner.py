@@ -455,7 +455,7 @@ async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any])
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     # Policies live next to the suite, not on the nodes: send their modules by value.
     for task in suite.tasks:
-        if task.policy:
+        if isinstance(task.policy, str):  # a model policy (a mapping) is the library's own class
             # ray.cloudpickle is untyped; this registers a module to be pickled by value.
             ray.cloudpickle.register_pickle_by_value(  # type: ignore[no-untyped-call]
                 sys.modules[suite.policy(task).__module__]

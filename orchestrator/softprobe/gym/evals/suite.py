@@ -15,7 +15,8 @@ tasks:
     bundle: ./worlds/billing       # optional: this task's bundle (overrides the suite's)
     tape: ./tapes/refund-a42-v2    # optional: exactly this task's tape folder (tape_mode: too)
     files: {"README.md": "refunds go in refund-note.md"}   # optional seed files of its own
-    actions:                      # or: policy: my_policies:refund (module:function)
+    actions:                      # or: policy: my_policies:refund (module:function), or a model:
+                                  #   policy: {kind: chat-completions, base_url, model, prompt, ...}
       - {type: tool, name: crm.get_account, args: {id: A-42}}
       - {type: terminate, output: "Refund noted for A-42"}
     checks:                       # per-step reward facts
@@ -45,17 +46,35 @@ import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from softprobe.gym.actions import Action
 from softprobe.gym.episodes.store import EPISODE_ID_PATTERN
 from softprobe.gym.errors import ConfigurationError
+from softprobe.gym.policies.spec import ChatPolicySpec
 from softprobe.gym.settings import ContainerSettings
 from softprobe.gym.yamllines import YamlFileError, parse_yaml
 
 _REPEATED = "task ids must be unique"
+# A task's ``policy`` is ``module:function`` or a mapping (a model policy); the tag pydantic puts
+# in an error's location is taken out again, so problems name the file's own keys.
+_POLICY_MAPPING = "mapping"
+PolicyField = Annotated[
+    Annotated[str, Tag("ref")] | Annotated[ChatPolicySpec, Tag(_POLICY_MAPPING)],
+    Discriminator(lambda v: "ref" if isinstance(v, str) else _POLICY_MAPPING),
+]
 
 
 class SuiteError(ConfigurationError):
@@ -119,7 +138,7 @@ class Task(BaseModel):
     seed: Path | None = None
     files: dict[str, str] | None = None
     actions: list[Action] | None = None
-    policy: str | None = None
+    policy: PolicyField | None = None
     checks: list[Check] = Field(default_factory=list)
     assertions: list[dict[str, Any]] = Field(default_factory=list, alias="assert")
     threshold: float | None = None
@@ -134,8 +153,8 @@ class Task(BaseModel):
     @model_validator(mode="after")
     def _actions_or_policy(self) -> Task:
         if (self.actions is None) == (self.policy is None):
-            raise ValueError("a task needs either actions (a list) or policy (module:function), not both")
-        if self.policy is not None and ":" not in self.policy:
+            raise ValueError("a task needs either actions (a list) or policy (module:function or a mapping), not both")
+        if isinstance(self.policy, str) and ":" not in self.policy:
             raise ValueError("policy must be 'module:function'")
         if self.seed is not None and self.files is not None:
             raise ValueError("a task takes seed (a folder) or files (inline), not both")
@@ -211,8 +230,14 @@ class Suite(BaseModel):
         return ("tape",) if self.tape is not None else ("tape_mode",)
 
     def policy(self, task: Task) -> Callable[..., Any]:
-        """Import ``module:function`` (the suite's folder is searched first)."""
+        """Import ``module:function`` (the suite's folder is searched first), or make the model
+        policy a mapping declares (a new one per call)."""
         assert task.policy is not None
+        if isinstance(task.policy, ChatPolicySpec):
+            try:
+                return task.policy.build()
+            except ConfigurationError as err:
+                raise SuiteError(f"task {task.id}: {err}") from None
         module_name, _, function = task.policy.partition(":")
         folder = str(self.base_dir.resolve())
         if folder not in sys.path:
@@ -251,7 +276,7 @@ def load_suite(path: str | Path) -> Suite:
         suite = Suite.model_validate({**data, "base_dir": path.parent.resolve()})
     except ValidationError as err:
         for error in err.errors():
-            loc = tuple(error["loc"])
+            loc = _untagged(tuple(error["loc"]))
             if not loc and _REPEATED in error["msg"] and problems:
                 continue  # already reported at the repeated id's own line
             problems.append(f"{_where(path, lines, loc)}: {'.'.join(str(p) for p in loc) or 'suite'}: {error['msg']}")
@@ -260,6 +285,11 @@ def load_suite(path: str | Path) -> Suite:
     suite._source = path
     suite._lines = lines
     return suite
+
+
+def _untagged(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An error's location without the tag pydantic adds after ``policy`` for a mapping."""
+    return tuple(p for i, p in enumerate(loc) if not (p == _POLICY_MAPPING and i and loc[i - 1] == "policy"))
 
 
 def _where(path: Path, lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> str:

@@ -21,12 +21,28 @@ from pydantic import BaseModel, Field
 
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.errors import ConfigurationError, EpisodeNotFoundError, GymError, LifecycleError
-from softprobe.gym.results import StepResult
+from softprobe.gym.results import StepError, StepResult
 from softprobe.gym.training.export import PromptfooInput, final_output_of, trajectory_digest, trajectory_steps
 from softprobe.gym.training.rewards import Aggregate, Facts, RewardFrom, RewardTracker
 
 Policy = Callable[..., Any]  # (observation) or (observation, last_step_result) -> action, sync or async
 TerminatedReason = Literal["terminate_action", "max_steps", "end_of_actions", "error"]
+
+
+class PolicyStep(BaseModel):
+    """What a policy may return instead of a bare action: the action, with what its step records.
+
+    Attributes:
+        action: the action (a dict or an action model).
+        diagnostics: merged into the step's ``diagnostics`` before its trajectory line is written
+            (a model policy's token usage and latency, say).
+        refused: the policy could not make this tool call (a model's malformed arguments):
+            nothing runs, and the step records this error and its message as the observation.
+    """
+
+    action: Any
+    diagnostics: dict[str, Any] = Field(default_factory=dict)
+    refused: StepError | None = None
 
 
 class ResetEvent(BaseModel):
@@ -151,8 +167,11 @@ class TrainingSession:
         Args:
             actions_or_policy: a list or (async) iterable of actions, or a policy: a sync or
                 async callable ``policy(observation)`` or ``policy(observation, last_step)``
-                returning the next action (``None`` to stop). The first call gets the reset
-                observation and ``None``.
+                returning the next action (``None`` to stop), or a :class:`PolicyStep` (an
+                action with diagnostics for its step). The first call gets the reset
+                observation and ``None``. A policy object with a ``begin_rollout(host,
+                episode_id)`` method (sync or async) has it called after each reset, before
+                its first call: that is where it can read ``host.tool_specs``.
 
         Yields:
             a ``reset`` event, a ``step`` event per step, then one ``terminated`` event.
@@ -185,12 +204,23 @@ class TrainingSession:
         reason: TerminatedReason = "end_of_actions"
         while True:
             try:
+                if last is None and callable(getattr(source, "begin_rollout", None)):
+                    begun = source.begin_rollout(self.host, episode_id)
+                    if inspect.isawaitable(begun):
+                        await begun
                 action = await next_action(observation, last)
                 if action is None:
                     break
-                # Rewards are scored inside the step, so its trajectory line carries them.
-                score = self.rewards.score if self.rewards is not None else None
-                result = await self.host.step(episode_id=episode_id, action=action, score=score)
+                extra: dict[str, Any] = {}
+                refused: dict[str, Any] = {}
+                if isinstance(action, PolicyStep):
+                    extra = action.diagnostics
+                    refused = {"refused": action.refused} if action.refused is not None else {}
+                    action = action.action
+                # Rewards are scored inside the step, so its trajectory line carries them (and
+                # the policy's diagnostics, merged just before).
+                score = _scoring(extra, self.rewards.score if self.rewards is not None else None)
+                result = await self.host.step(episode_id=episode_id, action=action, score=score, **refused)
                 self._steps.append(result)
             except GymError as err:
                 # A step that ran and then failed (on_step or reward_from raised) is recorded by
@@ -345,6 +375,21 @@ def rollout_to_promptfoo_input(result: RolloutResult) -> PromptfooInput:
         source_trace_id=result.source_trace_id,
         steps=trajectory_steps(result.steps),
     )
+
+
+def _scoring(
+    diagnostics: dict[str, Any], score: Callable[[StepResult], Awaitable[None]] | None
+) -> Callable[[StepResult], Awaitable[None]] | None:
+    """The step's ``score``: merge a policy's diagnostics into the result, then score rewards."""
+    if not diagnostics:
+        return score
+
+    async def merged(result: StepResult) -> None:
+        result.diagnostics.update(diagnostics)
+        if score is not None:
+            await score(result)
+
+    return merged
 
 
 def _action_source(source: Any) -> Callable[[Any, StepResult | None], Awaitable[Any]]:
