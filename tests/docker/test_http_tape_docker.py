@@ -14,7 +14,7 @@ import pytest
 from helpers import BASE, ready, tool
 from test_worlds import client, outside, world_objects  # noqa: F401 (fixtures)
 
-from softprobe.gym import create_host_environment
+from softprobe.gym import ReplayMissError, create_host_environment
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.tapes import ClosureReport, TapeFolder
 
@@ -84,6 +84,14 @@ async def test_record_then_replay_with_the_outside_stopped(tmp_path, client, out
             refused = await host.step(episode_id=episode, action=HTTPS)
             final2 = await host.finalize(episode_id=episode)
         assert world_objects(client, host) == ([], [])
+        async with create_host_environment(run_root=tmp_path / "strict", image=BASE, provider=provider, tools=TOOLS,
+                                           network=NETWORK, tape_mode="replay", tape=final.episode_dir / "tape",
+                                           replay_strict=True) as strict:
+            episode = await ready(strict, "strict")
+            with pytest.raises(ReplayMissError) as raised:  # strict: an HTTP miss raises too
+                await strict.step(episode_id=episode, action=http("http://allowed-site:8080/group"))
+            kept = await strict.finalize(episode_id=episode)
+        assert world_objects(client, strict) == ([], [])
     finally:
         await provider.close()
     for old, new in zip(recorded, replayed, strict=True):
@@ -95,6 +103,9 @@ async def test_record_then_replay_with_the_outside_stopped(tmp_path, client, out
     assert miss["operation"] == "GET allowed-site:8080" and miss["call_site"] == "step:4"
     assert miss["canonical_request"]["url"] == "http://allowed-site:8080/group"
     assert miss["canonical_request_digest"] == json.loads(answer["body"])["canonical_request_digest"]
+    assert raised.value.diagnostic()["category"] == "HTTP_CLIENT"
+    assert raised.value.diagnostic()["canonical_request_digest"] == miss["canonical_request_digest"]
+    assert raised.value.step_result is not None and kept.steps == 1  # recorded, then raised
     assert refused.observation.strip()  # the tunnel was refused: the client saw an error
     report = ClosureReport.model_validate_json(final2.closure_report_path.read_text())
     http_deps = [(d.operation, d.provider, d.note) for d in report.dependencies if d.category == "HTTP_CLIENT"]

@@ -187,3 +187,24 @@ async def test_built_in_steps_become_entries_a_declared_tools_do_not(tmp_path):
     assert [(d.operation, d.provider) for d in report.dependencies if d.category == "HTTP_CLIENT"] == [
         ("GET site:80", "live"), ("CONNECT site:443", "unsupported")]
     assert not any(d.operation == "network:egress" for d in report.dependencies)  # the precise entries replace it
+
+
+async def test_a_taped_process_covers_its_http(tmp_path):
+    """With ``record_processes`` a ``shell.exec`` is one CHILD_PROCESS entry: the HTTP it sent
+    through the proxy is covered by it, never taped a second time as HTTP_CLIENT."""
+    from softprobe.gym.actions import ToolAction
+    from softprobe.gym.shim.protocol import CallResult
+    from softprobe.gym.tapes import TapeFolder, TapeSession
+    from softprobe.gym.tapes.http import http_step
+
+    session = TapeSession("record", TapeFolder(tmp_path / "tape"), network_mode="egress", record_processes=True)
+    sandbox = _Sandbox()
+
+    async def run() -> CallResult:
+        sandbox.journal += _exchange("/a")
+        return CallResult(observation="ok", diagnostics={"workspace_digest": "d"})
+
+    call = await http_step(session, _Runtime(sandbox, "site.get"), ToolAction(name="shell.exec", args={}),  # type: ignore[arg-type]
+                           1, None, "d", run)
+    assert call.error is None and "http_client" not in call.diagnostics
+    assert TapeFolder(tmp_path / "tape").entries() == []  # (the stepper's CHILD_PROCESS entry is the only one)

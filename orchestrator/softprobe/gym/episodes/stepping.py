@@ -16,6 +16,7 @@ from softprobe.gym.errors import GymError, InvalidActionError, OnStepHookError, 
 from softprobe.gym.results import EpisodeState, StepError, StepResult
 from softprobe.gym.shim.protocol import CallResult
 from softprobe.gym.shim.runtime import Runtime
+from softprobe.gym.tapes.canonical import canonical_json
 from softprobe.gym.tapes.changes import GuardedWorkspace
 from softprobe.gym.tapes.http import http_step
 from softprobe.gym.tapes.processes import PROCESS_TOOL, process_context
@@ -104,9 +105,17 @@ class Stepper:
         if score_error is not None:
             raise score_error
         miss = result.diagnostics.get("replay_miss") if self._config.replay_strict else None
-        if isinstance(miss, dict) and result.error is not None:  # strict replay: recorded above, then raised
+        if isinstance(miss, list) and miss:
+            # HTTP requests the proxy could not serve (the command got a 502 and ran on): the first one.
+            miss = miss[0]
+            message = (f"replay miss: the tape has no unconsumed {miss.get('category')} entry for "
+                       f"{miss.get('operation')} with request {miss.get('canonical_request_digest')} (at "
+                       f"{miss.get('call_site')}); the proxy answered 502 and forwarded nothing")
+        else:
+            message = result.error.message if result.error is not None else ""
+        if isinstance(miss, dict) and message:  # strict replay: recorded above, then raised
             fields = ("category", "operation", "call_site", "canonical_request_digest", "canonical_request")
-            raise ReplayMissError(result.error.message, **{k: str(miss.get(k, "")) for k in fields}, step_result=result)
+            raise ReplayMissError(message, **{k: _text(miss.get(k)) for k in fields}, step_result=result)
         return result
 
     async def _through_tape(
@@ -173,5 +182,12 @@ class Stepper:
             return err
         return None
 
+
+
+def _text(value: object) -> str:
+    """A miss diagnostic's field as text (an HTTP miss's canonical request is a JSON object)."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else canonical_json(value).decode("utf-8")
 
 __all__ = ["Score", "Stepper"]

@@ -50,6 +50,7 @@ from softprobe.gym.shim.protocol import CallResult
 from softprobe.gym.shim.runtime import Runtime
 from softprobe.gym.tapes.canonical import canonical_json, sha256_digest
 from softprobe.gym.tapes.model import ClosureDependency, TapeEntry, TapeRequest, TapeResponse
+from softprobe.gym.tapes.processes import PROCESS_TOOL
 from softprobe.gym.tapes.session import TAPE_REPLAY, TapedCall, TapeSession
 from softprobe.gym.tracing import parse_traceparent
 
@@ -113,13 +114,16 @@ async def http_step(
     if not state.active:
         return await run()
     call = await run()
-    declared = any(tool.name == action.name and not tool.builtin for tool in runtime.hello.tools)
+    # A declared tool's TOOL_CALL/MCP_CALL entry, or a taped process's CHILD_PROCESS entry, covers
+    # the HTTP it made: never recorded twice (WORLDS.md: never dual-execute).
+    covered = (any(tool.name == action.name and not tool.builtin for tool in runtime.hello.tools)
+               or (action.name == PROCESS_TOOL and tape.records_processes))
     parsed = parse_traceparent(traceparent) if traceparent else None
     try:
         data = await runtime.sandbox.http_journal(state.offset) or b""
         end = data.rfind(b"\n") + 1  # a line still being written waits for the next step
         state.offset += end
-        if not declared:  # a declared tool's TOOL_CALL entry covers its HTTP
+        if not covered:
             _take(tape, state, data[:end], step, parsed[1] if parsed else None, call.diagnostics)
     except Exception as err:
         call.diagnostics["tape_error"] = f"HTTP tape: {type(err).__name__}: {err}"
