@@ -315,3 +315,20 @@ async def test_record_replay_and_forks_give_every_process_the_same_seed(tmp_path
     assert clock["notes"] == (["no_clock_on_tape"] if has_time_shim else ["no_time_shim"])
     replay_report = ClosureReport.model_validate_json(replay_final.closure_report_path.read_text())
     assert next(d for d in replay_report.dependencies if d.category == "CLOCK").note == clock["notes"][0]
+
+
+async def test_a_training_session_gives_its_episode_a_seed_of_its_own(tmp_path, local_provider, seed_root):
+    from softprobe.gym import create_training_session
+
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider, seed_root=seed_root,
+                                       tape_mode="record", random_seed=1) as host:
+        session = await create_training_session(host, random_seed=4242)
+        events = [e async for e in session.rollout([tool("shell.exec", command=SEED_PROBE)])]
+        assert events[0].diagnostics["clock"]["random_seed"] == 4242
+        assert _probe(events[1].step_result.observation) == ("4242",) * 3
+        # Clock and seed options for an episode that exists already are refused, not ignored.
+        await host.create_episode(episode_id="existing")
+        with pytest.raises(ConfigurationError, match="random_seed=, time_policy= to create_episode"):
+            await create_training_session(host, episode_id="existing", time_policy="recorded", random_seed=3)
+        with pytest.raises(ConfigurationError, match="time_policy must be one of"):
+            await create_training_session(host, time_policy="frozen")
