@@ -332,3 +332,14 @@ async def test_a_training_session_gives_its_episode_a_seed_of_its_own(tmp_path, 
             await create_training_session(host, episode_id="existing", time_policy="recorded", random_seed=3)
         with pytest.raises(ConfigurationError, match="time_policy must be one of"):
             await create_training_session(host, time_policy="frozen")
+
+
+def test_the_seed_file_s_folders_must_be_ones_only_root_can_change(tmp_path):
+    # In a container (check_parents) a folder others can write to on the way is refused (a tool
+    # could swap it for a link), and nothing is made under it; the overlay's parents alike.
+    # /tmp is such a folder (mode 1777): the first one on tmp_path's way.
+    with pytest.raises(shim.ProtocolError, match="the seed file's folder /tmp is not a folder only root can change"):
+        shim._write_seed_file(str(tmp_path / "made" / "seed"), 7, check_parents=True)
+    with pytest.raises(shim.ProtocolError, match="overlay folder's parent /tmp is not a folder only root"):
+        shim._fresh_overlay_folder(str(tmp_path / "overlay" / "tools"), check_parents=True)
+    assert list(tmp_path.iterdir()) == []
