@@ -222,8 +222,8 @@ def note(folder: TapeFolder, sequence: int, record: ChangeRecord) -> None:
 
 
 def records(folder: TapeFolder) -> dict[int, ChangeRecord]:
-    """``{sequence: record}`` from ``workspace-effects.jsonl`` (lines of phase-1 tapes carry
-    neither a reference nor a reason: a record without both). Incomplete lines are ignored.
+    """``{sequence: record}`` from ``workspace-effects.jsonl`` (lines of tapes recorded before
+    change sets carry neither a reference nor a reason: a record without both). Incomplete lines are ignored.
 
     Raises:
         TapeError: the file exists but cannot be read.

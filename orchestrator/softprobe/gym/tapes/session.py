@@ -310,8 +310,8 @@ class TapeSession:
         if change_set is not None:
             self._depend(category, tool, "recorded", call_site, digest)
         elif served.changed_paths:
-            # The recorded call changed the workspace but no change set can redo it (a phase-1
-            # tape, or one over budget): replay gives back its answer only.
+            # The recorded call changed the workspace but no change set can redo it (a tape recorded
+            # before change sets, or one over budget): replay gives back its answer only.
             diagnostics["workspace_effects_not_replayed"] = True
             why = served.changes.unsupported if served.changes is not None else None
             if why is not None:
