@@ -178,7 +178,12 @@ class TapeFolder:
 
     def verify(self) -> list[str]:
         """Problems found: every payload file's bytes against its name, every entry's payloads
-        present. Empty when the tape is sound."""
+        and every change set ``workspace-effects.jsonl`` references present. Empty when the
+        tape is sound.
+
+        Raises:
+            TapeError: ``tape.jsonl`` or ``workspace-effects.jsonl`` cannot be read.
+        """
         problems: list[str] = []
         folder = self.root / PAYLOADS
         for path in sorted(folder.glob("sha256-*")) if folder.is_dir() else []:
@@ -189,6 +194,16 @@ class TapeFolder:
             for ref in (entry.request.payload_ref, entry.response.payload_ref):
                 if not self.payload_path(ref).is_file():
                     problems.append(f"entry {entry.sequence} references a missing payload {ref}")
+        for sequence, line in self.effect_lines().items():
+            change_ref = line.get("changes_ref")
+            if change_ref is None:
+                continue
+            try:
+                present = isinstance(change_ref, str) and self.payload_path(change_ref).is_file()
+            except TapeError:
+                present = False
+            if not present:
+                problems.append(f"entry {sequence}'s change set {change_ref!r} is missing (workspace-effects.jsonl)")
         return problems
 
 
