@@ -317,7 +317,7 @@ def test_retry_after_is_read_and_capped() -> None:
 
 
 async def test_any_policy_may_return_a_policy_step(desk_host: HostEnvironment) -> None:
-    from softprobe.gym.training.session import PolicyStep
+    from softprobe.gym import PolicyStep  # public: a plain policy may return one
 
     begun: list[str] = []
 

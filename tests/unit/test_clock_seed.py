@@ -315,3 +315,31 @@ async def test_record_replay_and_forks_give_every_process_the_same_seed(tmp_path
     assert clock["notes"] == (["no_clock_on_tape"] if has_time_shim else ["no_time_shim"])
     replay_report = ClosureReport.model_validate_json(replay_final.closure_report_path.read_text())
     assert next(d for d in replay_report.dependencies if d.category == "CLOCK").note == clock["notes"][0]
+
+
+async def test_a_training_session_gives_its_episode_a_seed_of_its_own(tmp_path, local_provider, seed_root):
+    from softprobe.gym import create_training_session
+
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider, seed_root=seed_root,
+                                       tape_mode="record", random_seed=1) as host:
+        session = await create_training_session(host, random_seed=4242)
+        events = [e async for e in session.rollout([tool("shell.exec", command=SEED_PROBE)])]
+        assert events[0].diagnostics["clock"]["random_seed"] == 4242
+        assert _probe(events[1].step_result.observation) == ("4242",) * 3
+        # Clock and seed options for an episode that exists already are refused, not ignored.
+        await host.create_episode(episode_id="existing")
+        with pytest.raises(ConfigurationError, match="random_seed=, time_policy= to create_episode"):
+            await create_training_session(host, episode_id="existing", time_policy="recorded", random_seed=3)
+        with pytest.raises(ConfigurationError, match="time_policy must be one of"):
+            await create_training_session(host, time_policy="frozen")
+
+
+def test_the_seed_file_s_folders_must_be_ones_only_root_can_change(tmp_path):
+    # In a container (check_parents) a folder others can write to on the way is refused (a tool
+    # could swap it for a link), and nothing is made under it; the overlay's parents alike.
+    # /tmp is such a folder (mode 1777): the first one on tmp_path's way.
+    with pytest.raises(shim.ProtocolError, match="the seed file's folder /tmp is not a folder only root can change"):
+        shim._write_seed_file(str(tmp_path / "made" / "seed"), 7, check_parents=True)
+    with pytest.raises(shim.ProtocolError, match="overlay folder's parent /tmp is not a folder only root"):
+        shim._fresh_overlay_folder(str(tmp_path / "overlay" / "tools"), check_parents=True)
+    assert list(tmp_path.iterdir()) == []

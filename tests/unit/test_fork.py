@@ -316,3 +316,19 @@ async def test_a_failing_subject_import_removes_the_child_and_raises_a_typed_err
                             child_episode_id="kid")
         with pytest.raises(EpisodeNotFoundError):
             host.state(episode_id="kid")
+
+
+async def test_prefix_reexecution_refuses_a_refused_step_again_and_never_runs_it(host):
+    # A policy's refused call (say, a model's malformed arguments) ran nothing in the parent:
+    # re-executing the prefix must not run it in the child either.
+    from softprobe.gym.results import StepError
+
+    parent = await ready(host, "parent")
+    why = StepError(type="invalid_arguments", message="the model's arguments were not JSON")
+    refused = await host.step(episode_id=parent, action=tool("fs.write", path="never.txt", content="x"), refused=why)
+    assert refused.error == why and refused.diagnostics["refused"] is True
+    child = await host.fork(episode_id=parent, path="prefix_reexecution", prefix_length=1, strict=True)
+    replayed = host.trajectory(episode_id=child.episode_id)[0]
+    assert replayed.error == why and replayed.diagnostics["refused"] is True
+    listing = await host.step(episode_id=child.episode_id, action=tool("fs.list"))
+    assert "never.txt" not in {e["name"] for e in listing.observation}

@@ -92,7 +92,8 @@ async def test_eval_counts_errored_tasks_apart_and_never_scores_them_0(tmp_path)
     for name, output in (("good", "A-42"), ("wrong", "A-7")):
         folder = fake_episode(tmp_path / "run", name, output=output)
         rollout = json.loads((folder / "rollout.json").read_text())
-        record = TaskRecord(id=name, ok=True, duration_ms=5.0, rollout=rollout)
+        taped = {"tape_mode": "replay", "tape": "/tapes/good", "run_level": "recorded_external"} if name == "good" else {}
+        record = TaskRecord(id=name, ok=True, duration_ms=5.0, rollout=rollout, **taped)
         (out / "tasks" / f"{name}.json").write_text(record.model_dump_json())
     broken = TaskRecord(id="broken", ok=False, error="EpisodeBrokenError: the container died", duration_ms=5.0)
     (out / "tasks" / "broken.json").write_text(broken.model_dump_json())
@@ -114,4 +115,6 @@ async def test_eval_counts_errored_tasks_apart_and_never_scores_them_0(tmp_path)
     report = (out / "report.html").read_text()
     assert 'href="grading/good/promptfoo.native.json"' in report and 'href="grading/good/framework-result.json"' in report
     assert "subject_error: 1" in report
+    # A task that replayed a tape says so, with its run level; one without a tape says nothing of it.
+    assert report.count(" · tape ") == 1 and " · tape replay /tapes/good · run level recorded_external" in report
     assert outcome.summary == summary

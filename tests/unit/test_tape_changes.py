@@ -319,3 +319,15 @@ async def test_a_phase_one_style_fork_divergence_is_gone_for_tool_writes(tmp_pat
             pytest.fail(f"the fork diverged: {err}")
         assert fork.lineage.workspace_digest == recorded[0].diagnostics["workspace_digest"]
     assert runs(counter) == ["tool"]
+
+
+async def test_verify_reports_a_missing_change_set(tmp_path, local_provider, tool_files, seed, counter):
+    async with _host(tmp_path, local_provider, tool_files, seed, "rec", tape_mode="record",
+                     record_processes=True) as host:
+        _, final = await _run(host, actions(counter)[:1])
+    tape = TapeFolder(final.episode_dir / "tape")
+    assert tape.verify() == []
+    ref = C.records(tape)[0].changes_ref
+    assert ref is not None
+    tape.payload_path(ref).unlink()  # replay would fail that step as tape_corrupt: verify says so first
+    assert tape.verify() == [f"entry 0's change set {ref!r} is missing (workspace-effects.jsonl)"]

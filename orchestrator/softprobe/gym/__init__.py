@@ -61,6 +61,7 @@ from softprobe.gym.settings import Capabilities, ContainerSettings
 from softprobe.gym.training.export import PromptfooInput, TrajectoryStep
 from softprobe.gym.training.rewards import Check, Facts, RewardContext, RewardTracker, map_reward_components
 from softprobe.gym.training.session import (
+    PolicyStep,
     ResetEvent,
     Rollout,
     RolloutResult,
@@ -122,6 +123,7 @@ __all__ = [
     "open_host",
     "parse_action",
     "partition_train_eval",
+    "PolicyStep",
     "PromptfooInput",
     "Provider",
     "ReplayDivergenceError",

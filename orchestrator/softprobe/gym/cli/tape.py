@@ -16,8 +16,9 @@ def add_tape_commands(commands: Any) -> None:
         "tape",
         help="inspect and verify dependency tapes (softprobe.dependency-tape/v1)",
         description=(
-            "A tape folder holds tape.jsonl (one entry per recorded dependency call) and "
-            "payloads/sha256-<hex> (each request and response once). Episodes record one with "
+            "A tape folder holds tape.jsonl (one entry per recorded dependency call), "
+            "payloads/sha256-<hex> (each request, response and workspace change set once) and, when "
+            "a call changed the workspace, workspace-effects.jsonl. Episodes record one with "
             "tape_mode='record' (into <episode dir>/tape/). See the README's 'Record and replay a world'."
         ),
     )
@@ -36,7 +37,8 @@ def add_tape_commands(commands: Any) -> None:
     verify = sub.add_parser(
         "verify",
         help="check every payload against its digest; exit 1 on any mismatch or missing payload",
-        description="Check that every payload's bytes match its sha256 name and every entry's payloads exist.",
+        description="Check that every payload's bytes match its sha256 name, every entry's payloads exist, and "
+        "so does every workspace change set workspace-effects.jsonl references.",
     )
     verify.add_argument("folder", type=Path, metavar="DIR", help="the tape folder (holding tape.jsonl)")
     verify.set_defaults(run=_run_verify)

@@ -75,6 +75,11 @@ class HostConfig(BaseModel):
     bundle_tape: StrictStr | None = None
     #: A replay miss raises ReplayMissError (the step still recorded) instead of a step error.
     replay_strict: StrictBool = False
+    #: With a tape: ``shell.exec`` recorded and replayed as CHILD_PROCESS entries.
+    record_processes: StrictBool = False
+    #: The clock and random seed of every episode's processes (softprobe.gym.tapes.clock).
+    time_policy: Literal["live", "recorded"] = "live"
+    random_seed: StrictInt | None = Field(default=None, ge=0, lt=2**32)
 
     @model_validator(mode="before")
     @classmethod
@@ -89,11 +94,6 @@ class HostConfig(BaseModel):
                 "can be replayed for now: make the bundle's tape: a path, or pass tape=<a recorded tape folder>"
             )
         return {**data, "tape": named} if isinstance(named, str) else data
-    #: With a tape: ``shell.exec`` recorded and replayed as CHILD_PROCESS entries.
-    record_processes: StrictBool = False
-    #: The clock and random seed of every episode's processes (softprobe.gym.tapes.clock).
-    time_policy: Literal["live", "recorded"] = "live"
-    random_seed: StrictInt | None = Field(default=None, ge=0, lt=2**32)
 
     @field_validator("run_root", "seed_root", "tape")
     @classmethod

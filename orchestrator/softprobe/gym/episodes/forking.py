@@ -237,7 +237,9 @@ class Forker:
                 actual_digest=child.initial_digest,
             )
         for original in prefix:
-            replayed = await self._host.step(episode_id=child.episode_id, action=original.action)
+            # A step the parent's policy refused ran nothing: refused again, never run for real.
+            refused = original.error if original.diagnostics.get("refused") is True else None
+            replayed = await self._host.step(episode_id=child.episode_id, action=original.action, refused=refused)
             expected = original.diagnostics["workspace_digest"]
             actual = replayed.diagnostics["workspace_digest"]
             same_observation = (replayed.observation, replayed.error) == (original.observation, original.error)

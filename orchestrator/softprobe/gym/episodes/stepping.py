@@ -54,6 +54,8 @@ class Stepper:
                 observation: Any = refused.message if refused is not None else (output or "")
                 error: StepError | None = refused
                 diagnostics: dict[str, Any] = {"workspace_digest": episode.workspace_digest, "changed_paths": []}
+                if refused is not None:
+                    diagnostics["refused"] = True  # a fork re-executing this prefix refuses it again
             else:
                 # A world's egress proxy tapes the plain HTTP of built-in calls (tapes.http).
                 call = await http_step(episode.tape, runtime, parsed, index, span.traceparent(),

@@ -146,6 +146,14 @@ def _trajectory(record: Any) -> str:
     return "".join(out)
 
 
+def _tape_note(result: Any) -> str:
+    """`` · tape <mode> <folder> · run level <level>`` of a task that recorded or replayed a tape."""
+    mode = getattr(result, "tape_mode", None)
+    if mode in (None, "off"):
+        return ""
+    return f" · tape {_e(mode)} {_e(result.tape or '-')} · run level {_e(result.run_level or '-')}"
+
+
 def _score_plot(results: list[Any]) -> str:
     """The distribution of the graded tasks' scores (a task not graded has none)."""
     scores = [r.score for r in results if getattr(r, "status", "succeeded") == "succeeded" and r.score is not None]
@@ -199,7 +207,7 @@ def render_report(suite: Any, summary: dict[str, Any], results: list[Any], recor
             f"<h3>Trajectory</h3>{_trajectory(record)}"
             f'<p class="muted">trajectory digest {_e(result.trajectory_digest or "-")}'
             f' · trace {_e(result.source_trace_id or "-")}'
-            f" · artifacts {_e(result.artifacts or '-')}</p>{_grading_links(result)}</details>"
+            f" · artifacts {_e(result.artifacts or '-')}{_tape_note(result)}</p>{_grading_links(result)}</details>"
         )
     columns = [("task", "text"), ("result", "text"), ("score", "number"), ("reward", "number"),
                ("steps", "number"), ("duration", "number"), ("reason", "text")]

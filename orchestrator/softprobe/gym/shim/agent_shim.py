@@ -2255,25 +2255,30 @@ def _inside_folder(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
+def _make_root_only_folders(folder: str, refusal: str) -> None:
+    """Make every missing folder down to ``folder`` (mode 0755), checking each one on the way is
+    a real folder that only root (or the shim's uid) can change: otherwise a tool could swap one
+    for a link. ``refusal`` (with ``%s``: the folder) is the ProtocolError's message."""
+    current = "/"
+    for part in [p for p in folder.split("/") if p]:
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            os.mkdir(current, 0o755)
+            st = os.lstat(current)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            raise ProtocolError(refusal % current)
+
+
 def _fresh_overlay_folder(folder: str, check_parents: bool) -> None:
     """Make ``folder`` empty and the shim's (mode 0700 until filled). In a container every folder
     above it must be a real folder that only root (or the shim's uid) can change: otherwise a
     tool could swap a parent for a link and redirect the overlay."""
     parent = os.path.dirname(folder)
     if check_parents:
-        current = "/"
-        for part in [p for p in parent.split("/") if p]:
-            current = os.path.join(current, part)
-            try:
-                st = os.lstat(current)
-            except FileNotFoundError:
-                os.mkdir(current, 0o755)
-                st = os.lstat(current)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                raise ProtocolError(
-                    "the overlay folder's parent %s is not a folder only root can change; refusing to "
-                    "install tools under it" % current
-                )
+        _make_root_only_folders(parent, "the overlay folder's parent %s is not a folder only root can change; "
+                                "refusing to install tools under it")
     else:
         os.makedirs(parent, exist_ok=True)
     _remove_overlay(folder)
@@ -2318,16 +2323,7 @@ def _write_seed_file(path: str, seed: int | None, check_parents: bool) -> None:
     change (as for the overlay), so no tool can swap it or plant a link there."""
     folder = os.path.dirname(path)
     if check_parents:
-        current = "/"
-        for part in [p for p in folder.split("/") if p]:
-            current = os.path.join(current, part)
-            try:
-                st = os.lstat(current)
-            except FileNotFoundError:
-                os.mkdir(current, 0o755)
-                st = os.lstat(current)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                raise ProtocolError("the seed file's folder %s is not a folder only root can change" % current)
+        _make_root_only_folders(folder, "the seed file's folder %s is not a folder only root can change")
     else:
         os.makedirs(folder, exist_ok=True)
     if seed is None:

@@ -28,8 +28,6 @@ applies it as the agent; the workspace digest afterwards must equal ``workspace_
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,7 +39,7 @@ from softprobe.gym.errors import SandboxLostError, TapeError
 from softprobe.gym.shim.client import ShimRefusedError
 from softprobe.gym.shim.protocol import ApplyChangesResult, ExportChangesResult
 from softprobe.gym.tapes.canonical import canonical_json
-from softprobe.gym.tapes.store import EFFECTS_FILE, TapeFolder
+from softprobe.gym.tapes.store import TapeFolder
 
 CHANGES_SCHEMA: Literal["softprobe.workspace-changes/v1"] = "softprobe.workspace-changes/v1"
 #: The most file data and link targets one change set carries (raw bytes, before base64). A
@@ -219,46 +217,21 @@ def note(folder: TapeFolder, sequence: int, record: ChangeRecord) -> None:
     Raises:
         TapeError: the file cannot be appended to.
     """
-    line: dict[str, Any] = {"sequence": sequence, "changed_paths": record.changed_paths}
-    if record.changes_ref is not None:
-        line["changes_ref"] = record.changes_ref
-    if record.unsupported is not None:
-        line["changes_unsupported"] = record.unsupported
-    path = folder.root / EFFECTS_FILE
-    try:
-        with open(path, "ab") as handle:
-            handle.write(json.dumps(line).encode("utf-8") + b"\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError as err:
-        raise TapeError(f"cannot append to {path}: {err.strerror}") from None
+    more = {"changes_ref": record.changes_ref, "changes_unsupported": record.unsupported}
+    folder.note_effects(sequence, record.changed_paths, **{k: v for k, v in more.items() if v is not None})
 
 
 def records(folder: TapeFolder) -> dict[int, ChangeRecord]:
-    """``{sequence: record}`` from ``workspace-effects.jsonl`` (lines of phase-1 tapes carry
-    neither a reference nor a reason: a record without both). Incomplete lines are ignored.
+    """``{sequence: record}`` from ``workspace-effects.jsonl`` (lines of tapes recorded before
+    change sets carry neither a reference nor a reason: a record without both). Incomplete lines are ignored.
 
     Raises:
         TapeError: the file exists but cannot be read.
     """
-    path = folder.root / EFFECTS_FILE
-    if not path.is_file():
-        return {}
-    try:
-        lines = path.read_bytes().split(b"\n")
-    except OSError as err:
-        raise TapeError(f"cannot read {path}: {err.strerror}") from None
     found: dict[int, ChangeRecord] = {}
-    for line in lines:
-        try:
-            item = json.loads(line)
-            sequence, count = item["sequence"], item["changed_paths"]
-        except (ValueError, KeyError, TypeError):
-            continue
-        if not (isinstance(sequence, int) and isinstance(count, int) and count > 0):
-            continue
-        ref, why = item.get("changes_ref"), item.get("changes_unsupported")
-        found[sequence] = ChangeRecord(count, ref if isinstance(ref, str) else None,
+    for sequence, line in folder.effect_lines().items():
+        ref, why = line.get("changes_ref"), line.get("changes_unsupported")
+        found[sequence] = ChangeRecord(line["changed_paths"], ref if isinstance(ref, str) else None,
                                        why if isinstance(why, str) else None)
     return found
 

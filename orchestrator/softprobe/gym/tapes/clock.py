@@ -18,7 +18,7 @@ Random seed (``random_seed``, 0..2**32-1): every started process gets ``PYTHONHA
 ``SOFTPROBE_RANDOM_SEED``, and the seed file ``/opt/softprobe/seed`` holds it (root's, 0644).
 Recording writes it as a ``RANDOM`` entry (operation ``random.seed``); with
 ``time_policy="recorded"`` it draws one when none was given (with the live clock and no seed,
-recording leaves randomness live and the tape unchanged: phase-1 tapes hold tool calls only).
+recording leaves randomness live and writes no ``RANDOM`` entry).
 Replay and a fork's child reuse the tape's seed (it wins over ``random_seed``). Without a seed
 and without a tape entry nothing is set. A tape whose CLOCK/RANDOM entry cannot be read fails
 the reset (``TapeError``): never a silent fallback to another clock or seed.
@@ -143,7 +143,7 @@ class EpisodeClock:
                 "time_shim": self.time_shim, "notes": notes}
 
 
-#: What an attempt without a plan reports (phase 1's rule): the clock and randomness of any
+#: What an attempt with the live clock and no seed reports: the clock and randomness of any
 #: process that ran were live.
 LIVE_LINES = (_Dependency("CLOCK", "time", "live", at_reset=False),
               _Dependency("RANDOM", "random", "live", at_reset=False))

@@ -310,8 +310,8 @@ class TapeSession:
         if change_set is not None:
             self._depend(category, tool, "recorded", call_site, digest)
         elif served.changed_paths:
-            # The recorded call changed the workspace but no change set can redo it (a phase-1
-            # tape, or one over budget): replay gives back its answer only.
+            # The recorded call changed the workspace but no change set can redo it (a tape recorded
+            # before change sets, or one over budget): replay gives back its answer only.
             diagnostics["workspace_effects_not_replayed"] = True
             why = served.changes.unsupported if served.changes is not None else None
             if why is not None:
@@ -417,10 +417,12 @@ def _changed_count(diagnostics: dict[str, Any]) -> int:
 
 def _queue_of(folder: TapeFolder) -> list[TapedCall]:
     """What a tape can serve, in sequence order, with each entry's workspace effects."""
-    effects = folder.effects()
     recorded = changes.records(folder)
-    return [TapedCall(0, entry, folder, effects.get(entry.sequence, 0), recorded.get(entry.sequence))
-            for entry in folder.entries()]
+    queue = []
+    for entry in folder.entries():
+        record = recorded.get(entry.sequence)
+        queue.append(TapedCall(0, entry, folder, record.changed_paths if record else 0, record))
+    return queue
 
 
 def _find(queue: list[TapedCall], consumed: set[int], category: str, operation: str, digest: str) -> TapedCall | None:

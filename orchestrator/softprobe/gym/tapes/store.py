@@ -15,6 +15,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -119,14 +120,16 @@ class TapeFolder:
         except OSError as err:
             raise TapeError(f"cannot append to {self.tape_path}: {err.strerror}") from None
 
-    def note_effects(self, sequence: int, changed_paths: int) -> None:
+    def note_effects(self, sequence: int, changed_paths: int, **more: str) -> None:
         """Note in ``workspace-effects.jsonl`` that entry ``sequence``'s call changed
-        ``changed_paths`` workspace paths (a replay serves its response, not those changes).
+        ``changed_paths`` workspace paths, with ``more`` string fields (a change set's
+        reference, or why there is none: :mod:`softprobe.gym.tapes.changes`). Fsynced.
 
         Raises:
             TapeError: the file cannot be appended to.
         """
-        line = json.dumps({"sequence": sequence, "changed_paths": changed_paths}).encode("utf-8") + b"\n"
+        record = {"sequence": sequence, "changed_paths": changed_paths, **more}
+        line = json.dumps(record).encode("utf-8") + b"\n"
         try:
             with open(self.root / EFFECTS_FILE, "ab") as handle:
                 handle.write(line)
@@ -135,10 +138,10 @@ class TapeFolder:
         except OSError as err:
             raise TapeError(f"cannot append to {self.root / EFFECTS_FILE}: {err.strerror}") from None
 
-    def effects(self) -> dict[int, int]:
-        """``{sequence: changed paths}`` of the entries whose call changed the workspace (from
-        ``workspace-effects.jsonl``; none when it is absent). A line that is not a complete
-        record (a crash mid-write) is ignored.
+    def effect_lines(self) -> dict[int, dict[str, Any]]:
+        """``{sequence: line}`` of ``workspace-effects.jsonl`` (none when it is absent): the
+        lines of entries whose call changed the workspace (``changed_paths`` > 0). A line that is
+        not a complete record (a crash mid-write) is ignored.
 
         Raises:
             TapeError: the file exists but cannot be read.
@@ -150,7 +153,7 @@ class TapeFolder:
             lines = path.read_bytes().split(b"\n")
         except OSError as err:
             raise TapeError(f"cannot read {path}: {err.strerror}") from None
-        found: dict[int, int] = {}
+        found: dict[int, dict[str, Any]] = {}
         for line in lines:
             try:
                 record = json.loads(line)
@@ -158,8 +161,16 @@ class TapeFolder:
             except (ValueError, KeyError, TypeError):
                 continue
             if isinstance(sequence, int) and isinstance(count, int) and count > 0:
-                found[sequence] = count
+                found[sequence] = record
         return found
+
+    def effects(self) -> dict[int, int]:
+        """``{sequence: changed paths}`` of :meth:`effect_lines`.
+
+        Raises:
+            TapeError: the file exists but cannot be read.
+        """
+        return {sequence: line["changed_paths"] for sequence, line in self.effect_lines().items()}
 
     def entries(self) -> list[TapeEntry]:
         """See :func:`read_entries`."""
@@ -167,7 +178,12 @@ class TapeFolder:
 
     def verify(self) -> list[str]:
         """Problems found: every payload file's bytes against its name, every entry's payloads
-        present. Empty when the tape is sound."""
+        and every change set ``workspace-effects.jsonl`` references present. Empty when the
+        tape is sound.
+
+        Raises:
+            TapeError: ``tape.jsonl`` or ``workspace-effects.jsonl`` cannot be read.
+        """
         problems: list[str] = []
         folder = self.root / PAYLOADS
         for path in sorted(folder.glob("sha256-*")) if folder.is_dir() else []:
@@ -178,6 +194,16 @@ class TapeFolder:
             for ref in (entry.request.payload_ref, entry.response.payload_ref):
                 if not self.payload_path(ref).is_file():
                     problems.append(f"entry {entry.sequence} references a missing payload {ref}")
+        for sequence, line in self.effect_lines().items():
+            change_ref = line.get("changes_ref")
+            if change_ref is None:
+                continue
+            try:
+                present = isinstance(change_ref, str) and self.payload_path(change_ref).is_file()
+            except TapeError:
+                present = False
+            if not present:
+                problems.append(f"entry {sequence}'s change set {change_ref!r} is missing (workspace-effects.jsonl)")
         return problems
 
 

@@ -110,11 +110,19 @@ class TrainingSession:
         seed_root: Path | None = None,
         tape_mode: str | None = None,
         tape: str | Path | None = None,
+        record_processes: bool | None = None,
+        time_policy: str | None = None,
+        random_seed: int | None = None,
     ) -> None:
         self.host = host
         self.seed_root = seed_root
         self.tape_mode = tape_mode
         self.tape = tape
+        # What the session passes to create_episode for the episode's tape, clock and seed.
+        self._episode_options: dict[str, Any] = {
+            "tape_mode": tape_mode, "tape": tape, "record_processes": record_processes,
+            "time_policy": time_policy, "random_seed": random_seed,
+        }
         self.episode_id = episode_id
         self.max_steps = max_steps
         self.rewards = RewardTracker(reward_from, reward_aggregate) if reward_from is not None else None
@@ -138,10 +146,11 @@ class TrainingSession:
         if self.episode_id is not None:
             try:
                 self.host.state(episode_id=self.episode_id)
-                if self.tape_mode is not None or self.tape is not None:
+                given = sorted(name for name, value in self._episode_options.items() if value is not None)
+                if given:
                     raise ConfigurationError(
-                        f"episode {self.episode_id!r} exists already, so its tape is set: pass tape_mode= and "
-                        "tape= to create_episode, or let the session create the episode"
+                        f"episode {self.episode_id!r} exists already, so its tape, clock and seed are set: pass "
+                        f"{'=, '.join(given)}= to create_episode, or let the session create the episode"
                     )
                 if self.max_steps is not None:
                     self.host.set_max_steps(episode_id=self.episode_id, max_steps=self.max_steps)
@@ -151,7 +160,7 @@ class TrainingSession:
                 pass
         handle = await self.host.create_episode(
             episode_id=self.episode_id, max_steps=self.max_steps, seed_root=self.seed_root,
-            tape_mode=self.tape_mode, tape=self.tape,
+            **self._episode_options,
         )
         self.episode_id = handle.episode_id
         self._ready = True
@@ -329,6 +338,9 @@ def create_training_session(
     seed_root: Path | None = None,
     tape_mode: str | None = None,
     tape: str | Path | None = None,
+    record_processes: bool | None = None,
+    time_policy: str | None = None,
+    random_seed: int | None = None,
 ) -> TrainingSession:
     """A training session over one episode of ``host`` (created if it does not exist).
 
@@ -349,11 +361,15 @@ def create_training_session(
             questions, whatever the policy, and a new question is a ``replay_miss`` ("change the
             model, keep the world"). ``"record"`` with ``tape=`` records each rollout into that
             folder (the next rollout's reset starts it afresh).
+        record_processes / time_policy / random_seed: the episode's own (None: the host's; see
+            :func:`~softprobe.gym.create_host_environment`). A replayed tape's ``CLOCK`` and
+            ``RANDOM`` entries give the clock start and the seed; ``time_policy="recorded"`` is
+            still what makes processes use that clock start.
 
     Raises:
         ConfigurationError: (when the episode is made: on ``await`` or the first rollout event)
-            an unknown ``tape_mode``, a replay tape without ``tape.jsonl``, or tape options for
-            an episode that exists already.
+            an unknown ``tape_mode`` or ``time_policy``, a replay tape without ``tape.jsonl``, or
+            tape, clock or seed options for an episode that exists already.
     """
     return TrainingSession(
         host,
@@ -364,6 +380,9 @@ def create_training_session(
         seed_root=seed_root,
         tape_mode=tape_mode,
         tape=tape,
+        record_processes=record_processes,
+        time_policy=time_policy,
+        random_seed=random_seed,
     )
 
 
