@@ -343,3 +343,12 @@ def test_the_seed_file_s_folders_must_be_ones_only_root_can_change(tmp_path):
     with pytest.raises(shim.ProtocolError, match="overlay folder's parent /tmp is not a folder only root"):
         shim._fresh_overlay_folder(str(tmp_path / "overlay" / "tools"), check_parents=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_replay_follows_the_clock_the_tape_was_recorded_with(tmp_path):
+    """A tape holding a clock start is replayed on it even by a host left on the live clock."""
+    folder = recorded_tape(tmp_path, seed=77)
+    session = TapeSession("replay", folder)
+    clock = plan_clock(session, time_policy="live", random_seed=None, time_shim=True, now=T0 + 999)
+    assert (clock.clock_start, clock.random_seed) == (T0, 77)
+    assert ("CLOCK", "clock.start", "recorded", "reset", None) in lines(session)

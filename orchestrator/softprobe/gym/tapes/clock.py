@@ -10,7 +10,9 @@ Time policy (``time_policy``):
   (each ``exec``) begins at T0 again, so a command's output does not depend on when in the
   episode it ran. T0 is the reset's wall clock, written to the tape as a ``CLOCK`` entry
   (operation ``clock.start``, call site ``reset``) when recording, read from it when replaying,
-  and inherited from the parent's tape by a fork's child. Without a tape T0 is the reset's time:
+  and inherited from the parent's tape by a fork's child. A tape holding a ``clock.start`` is
+  replayed with the recorded clock even when the replaying host says ``"live"``. Without a tape
+  T0 is the reset's time:
   consistent within the attempt, not reproducible after it. A sandbox without the time shim
   (the hello lacks the ``time_shim`` capability) keeps the live clock.
 
@@ -182,7 +184,10 @@ def plan_clock(
             return replayed[key]
         return None
 
-    # The clock.
+    # The clock. A tape recorded with the recorded clock is replayed with it (as CHILD_PROCESS
+    # entries imply records_processes): replaying it on the live clock would silently diverge.
+    if time_policy == "live" and any(key == ("CLOCK", CLOCK_OPERATION) for key in (*inherited, *replayed)):
+        time_policy = "recorded"
     clock_start: int | None = None
     if time_policy == "recorded":
         if not time_shim:
