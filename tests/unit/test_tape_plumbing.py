@@ -322,6 +322,31 @@ async def test_eval_records_then_replays_then_a_new_question_misses(tmp_path, de
     assert missed.rewards[0]["components"] == {"no_error": 0.0}
 
 
+async def test_a_suite_sets_process_taping_and_the_seed_a_task_may_override(tmp_path, desk_provider):
+    text = SUITE.replace("backend: native", "backend: native\nrecord_processes: true\nrandom_seed: 7").replace(
+        "      - {type: terminate",
+        "      - {type: tool, name: shell.exec, args: {command: 'echo $SOFTPROBE_RANDOM_SEED > seed.txt'}}\n"
+        "      - {type: terminate")
+    suite = load_suite(_suite(tmp_path, text))
+    assert suite.episode_options(suite.tasks[0]) == {"record_processes": True, "random_seed": 7}
+    other = load_suite(_suite(tmp_path, text.replace("  - id: look-up\n", "  - id: look-up\n    random_seed: 9\n")))
+    assert other.episode_options(other.tasks[0]) == {"record_processes": True, "random_seed": 9}
+    with pytest.raises(SuiteError, match="random_seed"):
+        load_suite(_suite(tmp_path, text.replace("random_seed: 7", "random_seed: '7'")))
+    with pytest.raises(SuiteError, match="time_policy"):
+        load_suite(_suite(tmp_path, text.replace("random_seed: 7", "time_policy: frozen")))
+
+    suite = load_suite(_suite(tmp_path, text))
+    (recorded,) = (await run_suite(suite, tmp_path / "rec", provider=desk_provider, record=True)).results
+    assert recorded.passed
+    entries = TapeFolder(Path(recorded.tape or "")).entries()
+    assert [e.category for e in entries] == ["RANDOM", "TOOL_CALL", "CHILD_PROCESS"]
+    (replayed,) = (await run_suite(suite, tmp_path / "rep", provider=desk_provider,
+                                   replay_from=tmp_path / "rec")).results
+    assert replayed.passed and replayed.trajectory_digest == recorded.trajectory_digest
+    assert (Path(replayed.artifacts or "") / "workspace" / "seed.txt").read_text() == "7\n"
+
+
 async def test_tapes_are_refused_on_ray_before_anything_runs(tmp_path):
     suite = load_suite(_suite(tmp_path))
     with pytest.raises(SuiteError, match="cannot run on Ray yet"):

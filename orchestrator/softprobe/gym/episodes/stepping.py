@@ -106,18 +106,8 @@ class Stepper:
             ) from hook_error
         if score_error is not None:
             raise score_error
-        miss = result.diagnostics.get("replay_miss") if self._config.replay_strict else None
-        if isinstance(miss, list) and miss:
-            # HTTP requests the proxy could not serve (the command got a 502 and ran on): the first one.
-            miss = miss[0]
-            message = (f"replay miss: the tape has no unconsumed {miss.get('category')} entry for "
-                       f"{miss.get('operation')} with request {miss.get('canonical_request_digest')} (at "
-                       f"{miss.get('call_site')}); the proxy answered 502 and forwarded nothing")
-        else:
-            message = result.error.message if result.error is not None else ""
-        if isinstance(miss, dict) and message:  # strict replay: recorded above, then raised
-            fields = ("category", "operation", "call_site", "canonical_request_digest", "canonical_request")
-            raise ReplayMissError(message, **{k: _text(miss.get(k)) for k in fields}, step_result=result)
+        if self._config.replay_strict and (miss := _strict_miss(result)) is not None:
+            raise miss  # strict replay: the step is recorded above, then raised
         return result
 
     async def _through_tape(
@@ -184,6 +174,24 @@ class Stepper:
             return err
         return None
 
+
+
+def _strict_miss(result: StepResult) -> ReplayMissError | None:
+    """The replay miss a step had, as the error strict replay raises (None: no miss). A declared
+    tool's miss is one dict (the step's error says it); the egress proxy's HTTP misses are a list
+    (the command got a 502 and ran on): the first one is raised."""
+    miss = result.diagnostics.get("replay_miss")
+    if isinstance(miss, list) and miss and isinstance(miss[0], dict):
+        miss = miss[0]
+        message = (f"replay miss: the tape has no unconsumed {miss.get('category')} entry for "
+                   f"{miss.get('operation')} with request {miss.get('canonical_request_digest')} (at "
+                   f"{miss.get('call_site')}); the proxy answered 502 and forwarded nothing")
+    elif isinstance(miss, dict) and result.error is not None:
+        message = result.error.message
+    else:
+        return None
+    fields = ("category", "operation", "call_site", "canonical_request_digest", "canonical_request")
+    return ReplayMissError(message, **{k: _text(miss.get(k)) for k in fields}, step_result=result)
 
 
 def _text(value: object) -> str:

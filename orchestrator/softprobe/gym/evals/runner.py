@@ -486,6 +486,7 @@ async def _run_one(
         seed_root=seed,  # None: the host's (or the bundle's) seed
         tape_mode=None if tape[0] == "off" else tape[0],
         tape=tape[1],
+        **suite.episode_options(task),
     )
     episode_dir = out / "runs" / "episodes" / task.id
     try:

@@ -10,6 +10,9 @@ split: {train_ratio: 0.75, seed: 7, run: eval}     # optional
 bundle: ./worlds/desk              # optional environment bundle folder for every task
 tape_mode: replay                  # optional: off | record | replay (default: replay with a tape, else off)
 tape: ./tapes                      # optional: a folder of tapes, one per task: ./tapes/<task id>/
+record_processes: true             # optional: tape each shell.exec as one CHILD_PROCESS (with a tape)
+time_policy: recorded              # optional: live | recorded (the clock starts at the tape's instant)
+random_seed: 7                     # optional: PYTHONHASHSEED / SOFTPROBE_RANDOM_SEED of every process
 tasks:
   - id: refund-a42
     bundle: ./worlds/billing       # optional: this task's bundle (overrides the suite's)
@@ -33,7 +36,8 @@ network, limits, capabilities and episode policy replace the suite's ``image``, 
 assertions, as resolved when the run started, are added to the task's. A ``limits`` entry that
 no task uses (every task's bundle replaces it) is refused by the preflight, at its line.
 
-Dependency tapes (:meth:`Suite.tape_of`): a task's ``tape_mode``/``tape`` win over the suite's.
+Dependency tapes (:meth:`Suite.tape_of`): a task's ``tape_mode``/``tape`` win over the suite's, and
+so do its ``record_processes``/``time_policy``/``random_seed`` (:meth:`Suite.episode_options`).
 A task's ``tape`` is exactly its tape folder; the suite's is a folder holding one per task,
 ``<tape>/<task id>/``. ``record`` without a tape records into the task's episode folder
 (``<episode dir>/tape/``). A task to replay whose tape has no ``tape.jsonl`` is refused by the
@@ -54,6 +58,8 @@ from pydantic import (
     Discriminator,
     Field,
     PrivateAttr,
+    StrictBool,
+    StrictInt,
     Tag,
     ValidationError,
     field_validator,
@@ -128,7 +134,15 @@ class Split(BaseModel):
 TapeModeName = Literal["off", "record", "replay"]
 
 
-class Task(BaseModel):
+class EpisodeOptions(BaseModel):
+    """What a suite or a task may set of its episodes' tapes, clock and seed (None: the host's)."""
+
+    record_processes: StrictBool | None = None
+    time_policy: Literal["live", "recorded"] | None = None
+    random_seed: StrictInt | None = Field(default=None, ge=0, lt=2**32)
+
+
+class Task(EpisodeOptions):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     id: str
@@ -167,7 +181,7 @@ class Task(BaseModel):
         return self
 
 
-class Suite(BaseModel):
+class Suite(EpisodeOptions):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "suite"
@@ -219,6 +233,17 @@ class Suite(BaseModel):
             folder = (self.base_dir / self.tape / task.id).resolve()
         mode: TapeModeName = task.tape_mode or self.tape_mode or ("replay" if folder is not None else "off")
         return mode, folder if mode != "off" else None
+
+    def episode_options(self, task: Task) -> dict[str, Any]:
+        """``record_processes``, ``time_policy`` and ``random_seed`` of ``task``'s episode: its
+        own, else the suite's; those neither sets are left out (the host's apply)."""
+        options = {}
+        for name in EpisodeOptions.model_fields:
+            value = getattr(task, name)
+            value = getattr(self, name) if value is None else value
+            if value is not None:
+                options[name] = value
+        return options
 
     def tape_loc(self, task: Task) -> tuple[str | int, ...]:
         """Where the suite file names ``task``'s tape (for problems)."""

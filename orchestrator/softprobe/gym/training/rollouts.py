@@ -30,6 +30,8 @@ class RolloutSpec(BaseModel):
             node), or None for the host's seed.
         tape_mode / tape: the episode's dependency tape (None: the host's); see
             :func:`~softprobe.gym.training.session.create_training_session`.
+        record_processes / time_policy / random_seed: the episode's own (None: the host's);
+            see the same function.
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -41,6 +43,9 @@ class RolloutSpec(BaseModel):
     seed_root: Path | None = None
     tape_mode: str | None = None
     tape: Path | None = None
+    record_processes: bool | None = None
+    time_policy: str | None = None
+    random_seed: int | None = None
 
 
 async def run_rollout(host: Host, spec: RolloutSpec) -> RolloutResult:
@@ -65,6 +70,7 @@ async def run_local_rollout(host: HostEnvironment, spec: RolloutSpec) -> Rollout
     session = create_training_session(
         host, episode_id=spec.episode_id, reward_from=spec.reward_from, max_steps=spec.max_steps,
         seed_root=spec.seed_root, tape_mode=spec.tape_mode, tape=spec.tape,
+        record_processes=spec.record_processes, time_policy=spec.time_policy, random_seed=spec.random_seed,
     )
     try:
         async for _ in session.rollout(spec.actions):
