@@ -158,3 +158,46 @@ async def test_one_mcp_server_with_colliding_function_names_does_not_break_every
     finally:
         await provider.close()
 
+
+
+# -- the egress proxy's journal -----------------------------------------------------------------
+
+
+def test_replay_misses_cannot_grow_the_journal_past_its_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BREAK (host memory/disk): ``Journal.write`` bounds only ``exchange`` lines by
+    JOURNAL_CAP; a ``miss`` line carries the whole canonical request (a body up to the 1 MiB
+    ``body_cap``) and is never bounded. Under replay the agent sends thousands of distinct
+    1 MiB POSTs (each a miss: 502, nothing forwarded), so the proxy's journal grows without
+    bound, and the host copies the WHOLE journal out of the proxy (``read_journal``: archive
+    bytes, the tar, the file; then ``[since:]``) after every step that grew it, and puts every
+    miss's canonical request into that step's ``diagnostics["replay_miss"]`` (no count cap):
+    O(journal) memory per step, quadratic over the episode. Fix: past the cap write ``miss``
+    (and ``served``/``connect``/``live``) lines without the request (digest and a note only),
+    cap ``replay_miss`` diagnostics with a count and a truncated flag, and read the journal
+    from ``since`` (a tail, not the whole file)."""
+    from softprobe.gym.providers.docker import egress_proxy as P
+
+    monkeypatch.setattr(P, "JOURNAL_CAP", 64 * 1024)
+    journal = P.Journal(str(tmp_path))
+    body = "x" * 16 * 1024
+    for i in range(40):
+        request = P.canonical_request("POST", f"http://api.example/{i}", [b"Content-Type: text/plain"],
+                                      body.encode())
+        journal.write({"event": "miss", "operation": "POST api.example:80", "digest": P.canonical_digest(request),
+                       "request": request, "why": None})
+    size = (tmp_path / "journal.jsonl").stat().st_size
+    assert size <= 2 * P.JOURNAL_CAP, f"{size} bytes of journal past a {P.JOURNAL_CAP}-byte cap"
+
+
+def test_exchange_lines_past_the_cap_become_small_live_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held: recorded exchanges stop at JOURNAL_CAP (then small ``live`` lines, ``journal_full``)."""
+    from softprobe.gym.providers.docker import egress_proxy as P
+
+    monkeypatch.setattr(P, "JOURNAL_CAP", 64 * 1024)
+    journal = P.Journal(str(tmp_path))
+    for i in range(40):
+        journal.write({"event": "exchange", "operation": "GET a:80", "digest": f"sha256:{i}",
+                       "request": {"body": "x" * 16 * 1024}, "response": {"body": "y"}})
+    lines = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_bytes().splitlines()]
+    assert (tmp_path / "journal.jsonl").stat().st_size <= P.JOURNAL_CAP + 40 * 200
+    assert lines[-1] == {"event": "live", "operation": "GET a:80", "digest": "sha256:39", "note": "journal_full"}
