@@ -19,17 +19,6 @@ from softprobe.gym.tapes import changes as C
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture(scope="module")
-def docker_engine():  # type: ignore[no-untyped-def]
-    """The engine and the images already on it. (The shared conftest's fixture rebuilds stale
-    images first; other worktrees rebuild them concurrently and the engine has lost its docker0
-    bridge, so that build fails: these tests need only an existing softprobe/base.)"""
-    client = docker.from_env()
-    try:
-        client.images.get("softprobe/base:latest")
-    finally:
-        client.close()
-    yield
 CAPS = {"environment_checkpoint": True, "subject_state_import": False, "deterministic_prefix_reexecution": True}
 
 
