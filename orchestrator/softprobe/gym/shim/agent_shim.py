@@ -1711,6 +1711,9 @@ class Shim:
                 sys.stderr.write("softprobe shim: MCP server %s offers no tools: %s\n" % (name, err.message))
                 continue
             skipped: list[str] = []
+            # A model knows a tool by its function name (each "." as "__"): two tools with one
+            # function name would make the episode's tool list unusable, so the later one is out.
+            functions = {_function_name(taken) for taken in (*self.builtins, *self.declared, *self.mcp_tools)}
             for tool in listed:
                 tool_name = tool.get("name") if isinstance(tool, dict) else None
                 full = "%s.%s" % (name, tool_name)
@@ -1719,10 +1722,13 @@ class Shim:
                     skipped.append("%r (not a valid tool name)" % (tool_name,))
                 elif full in self.builtins or full in self.declared or full in self.mcp_tools:
                     skipped.append("%r (the name is taken)" % full)
+                elif _function_name(full) in functions:
+                    skipped.append("%r (its function name %s is taken)" % (full, _function_name(full)))
                 elif not _object_schema(schema):
                     skipped.append("%r (its inputSchema is not an object schema)" % full)
                 else:
                     description = tool.get("description")
+                    functions.add(_function_name(full))
                     self.mcp_tools[full] = {"server": name, "tool": tool_name, "args": schema,
                                             "description": description if isinstance(description, str) else ""}
             if skipped:
@@ -2259,6 +2265,11 @@ def _apply_change_set(workspace: str, entries: list[Change]) -> None:
                 os.close(fd)
     finally:
         os.close(root_fd)
+
+
+def _function_name(tool: str) -> str:
+    """The function name a model is given for ``tool`` (the host's ``function_name_for_tool``)."""
+    return tool.replace(".", "__")
 
 
 def _overlay_entry(name: object, spec: object) -> dict[str, Any]:
