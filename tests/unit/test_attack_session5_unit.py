@@ -201,3 +201,39 @@ def test_exchange_lines_past_the_cap_become_small_live_lines(tmp_path: Path, mon
     lines = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_bytes().splitlines()]
     assert (tmp_path / "journal.jsonl").stat().st_size <= P.JOURNAL_CAP + 40 * 200
     assert lines[-1] == {"event": "live", "operation": "GET a:80", "digest": "sha256:39", "note": "journal_full"}
+
+
+def test_a_miss_line_is_small_whatever_the_request(tmp_path: Path) -> None:
+    """A miss line keeps a few KiB of the request (URL, headers, body each cut, ``truncated``)."""
+    from softprobe.gym.providers.docker import egress_proxy as P
+
+    request = P.canonical_request("POST", "http://api.example/" + "u" * 50_000,
+                                  [b"X-Big: " + b"h" * 50_000, b"Accept: */*"], b"x" * (1 << 20))
+    journal = P.Journal(str(tmp_path))
+    journal.write({"event": "miss", "operation": "POST api.example:80", "digest": P.canonical_digest(request),
+                   "request": P.bounded_request(request), "why": None})
+    line = json.loads((tmp_path / "journal.jsonl").read_bytes())
+    assert len(json.dumps(line)) < 4 * P.MISS_BODY_HEAD
+    assert line["request"]["truncated"] is True and line["request"]["body"] == "x" * P.MISS_BODY_HEAD
+    small = {"method": "GET", "url": "http://a/", "headers": [["accept", "*/*"]], "body": "", "body_encoding": "utf-8"}
+    assert P.bounded_request(small) == small
+
+
+def test_a_steps_replay_miss_diagnostics_are_capped() -> None:
+    """Thousands of misses in one step: the first MAX_REPLAY_MISSES listed, all counted."""
+    from softprobe.gym.tapes import http as H
+
+    class _Tape:
+        def __init__(self) -> None:
+            self.notes: list[object] = []
+
+        def note(self, dependency: object) -> None:
+            self.notes.append(dependency)
+
+    lines = b"".join(json.dumps({"event": "miss", "operation": "GET a:80", "digest": f"sha256:{i}",
+                                 "request": {"url": f"http://a/{i}"}}).encode() + b"\n" for i in range(1000))
+    diagnostics: dict[str, object] = {}
+    H._take(_Tape(), H.HttpTape("sb"), lines, 1, None, diagnostics)  # type: ignore[arg-type]
+    assert len(diagnostics["replay_miss"]) == H.MAX_REPLAY_MISSES  # type: ignore[arg-type]
+    assert diagnostics["replay_miss_total"] == 1000 and diagnostics["replay_miss_truncated"] is True
+    assert diagnostics["http_client"] == {"miss": 1000}
