@@ -338,3 +338,76 @@ async def test_a_session_whose_episode_cannot_start_is_refused_with_the_reason(t
     finally:
         await served.stop()
         await provider.close()
+
+
+async def test_http_refuses_sessions_past_max_sessions_until_one_closes(tmp_path: Path, seed_root: Path) -> None:
+    """Each session is a sandbox: past ``max_sessions`` a new one gets a JSON-RPC error (nothing
+    created) until a session closes and its episode is gone."""
+    from softprobe.gym.mcp_server.server import SESSION_LIMIT
+
+    provider = LocalProvider(root=tmp_path / "limit-local")
+    host = create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=provider)
+    sessions = EpisodeSessions(host, max_sessions=2)
+    served = HttpEndpoint(sessions, port=0)
+    url = await served.start()
+    try:
+        async with Client(url) as a:
+            async with Client(url) as b:
+                assert len(sessions.open_episodes) == 2
+                with pytest.raises(Exception) as caught:  # noqa: B017 - the client wraps it in a group
+                    async with Client(url):
+                        pass
+                assert "max_sessions 2" in messages(caught.value) and len(sessions.open_episodes) == 2
+                codes = []
+                stack = [caught.value]
+                while stack:
+                    err = stack.pop()
+                    stack.extend(getattr(err, "exceptions", ()))
+                    if isinstance(err, MCPError):
+                        codes.append(err.error.code)
+                assert codes == [SESSION_LIMIT]
+                ep_b = (await b.call_tool("fs.list", {})).meta[META_EPISODE]
+            await asyncio.wait_for(sessions.wait_closed(ep_b), 30)
+            async with Client(url) as c:  # a slot is free again
+                assert (await c.call_tool("fs.list", {})).meta[META_EPISODE] not in (ep_b,)
+            assert not (await a.call_tool("fs.list", {})).is_error
+    finally:
+        await served.stop()
+        await host.close()
+        await provider.close()
+    assert list((tmp_path / "limit-local" / "sandboxes").glob("*")) == []
+    with pytest.raises(ConfigurationError, match="max_sessions"):
+        EpisodeSessions(host, max_sessions=0)
+
+
+async def test_http_refuses_requests_naming_another_host_or_origin(endpoint: HttpEndpoint) -> None:
+    """DNS rebinding: a page whose name resolves to 127.0.0.1 sends its own Host (and Origin);
+    only the bound address and port (or localhost and the port) are served."""
+    import urllib.error
+    import urllib.request
+
+    port = endpoint.port
+    initialize = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                             "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                        "clientInfo": {"name": "t", "version": "0"}}}).encode()
+
+    def status(**headers: str) -> int:
+        request = urllib.request.Request(endpoint.url, data=initialize, method="POST", headers={
+            "Accept": "application/json, text/event-stream", "Content-Type": "application/json", **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    assert await asyncio.to_thread(status, Host=f"evil.example:{port}") == 421
+    assert await asyncio.to_thread(status, Origin=f"http://evil.example:{port}") == 403
+    assert await asyncio.to_thread(status, Host="127.0.0.1:1") == 421
+    assert endpoint.sessions.open_episodes == []  # nothing was opened for them
+    async with Client(endpoint.url.replace("127.0.0.1", "localhost")) as fine:
+        assert not (await fine.call_tool("fs.list", {})).is_error
+
+
+def test_cli_refuses_a_session_limit_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["mcp", "--transport", "http", "--max-sessions", "0", "--provider", "local"]) == 1
+    assert "--max-sessions must be at least 1" in capsys.readouterr().err

@@ -61,6 +61,9 @@ def add_mcp_command(commands: Any) -> None:
                      "(default: %(default)s)")
     mcp.add_argument("--allow-remote", action="store_true",
                      help="HTTP: allow a non-loopback --host (the endpoint has no authentication)")
+    mcp.add_argument("--max-sessions", type=int, default=8, metavar="N",
+                     help="HTTP: sessions (each an episode and its sandbox) held at once; one more is refused "
+                     "with a JSON-RPC error until one closes (default: %(default)s)")
     mcp.add_argument("--idle-timeout", type=float, default=1800.0, metavar="SECONDS",
                      help="HTTP: close a session (and its episode) idle this long (default: %(default)s)")
     mcp.add_argument(
@@ -85,6 +88,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigurationError("--max-steps must be at least 1")
     if args.bundle is not None and args.seed is not None:
         raise ConfigurationError("--seed goes with --image: a bundle brings its own seed")
+    if args.max_sessions < 1:
+        raise ConfigurationError(f"--max-sessions must be at least 1, not {args.max_sessions}")
     if not 0 <= args.port <= 65535:
         raise ConfigurationError(f"--port must be 0 to 65535, not {args.port}")
     if args.transport == "http":
@@ -140,7 +145,7 @@ async def _serve(args: argparse.Namespace) -> None:
     from softprobe.gym.mcp_server import EpisodeSessions, HttpEndpoint, serve_stdio
 
     host, provider = await asyncio.to_thread(make_host, args)
-    sessions = EpisodeSessions(host, function_names=args.function_names)
+    sessions = EpisodeSessions(host, function_names=args.function_names, max_sessions=args.max_sessions)
     try:
         what = f"bundle {args.bundle}" if args.bundle is not None else (args.image or "the default image")
         if args.transport == "stdio":

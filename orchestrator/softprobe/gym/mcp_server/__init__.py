@@ -4,8 +4,14 @@ See the README's "Use from an MCP client". The protocol side needs the ``mcp`` e
 (``pip install 'softprobe-gym[mcp]'``); it is imported when a server is built, not here.
 """
 
-from softprobe.gym.mcp_server.sessions import EpisodeSessions, SessionEpisode, UnknownToolError
+from softprobe.gym.mcp_server.sessions import (
+    DEFAULT_MAX_SESSIONS,
+    EpisodeSessions,
+    SessionEpisode,
+    SessionLimitError,
+    UnknownToolError,
+)
 from softprobe.gym.mcp_server.transports import HttpEndpoint, check_bind, is_loopback, serve_stdio
 
-__all__ = ["EpisodeSessions", "HttpEndpoint", "SessionEpisode", "UnknownToolError", "check_bind", "is_loopback",
-           "serve_stdio"]
+__all__ = ["DEFAULT_MAX_SESSIONS", "EpisodeSessions", "HttpEndpoint", "SessionEpisode", "SessionLimitError",
+           "UnknownToolError", "check_bind", "is_loopback", "serve_stdio"]

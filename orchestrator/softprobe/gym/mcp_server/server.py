@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from softprobe.gym import __version__
 from softprobe.gym.errors import GymError, LifecycleError
-from softprobe.gym.mcp_server.sessions import EpisodeSessions, UnknownToolError
+from softprobe.gym.mcp_server.sessions import EpisodeSessions, SessionLimitError, UnknownToolError
 from softprobe.gym.results import StepResult
 from softprobe.gym.text import terminal_safe
 
@@ -135,6 +135,11 @@ def refused_result(episode_id: str, err: GymError) -> types.CallToolResult:
     )
 
 
+#: The JSON-RPC error code of a session refused at the server's session limit (an
+#: implementation-defined server error: the request was fine, the server is full).
+SESSION_LIMIT = -32000
+
+
 def build_server(sessions: EpisodeSessions) -> Server[Any]:
     """An MCP low-level server serving one episode per session from ``sessions``.
 
@@ -187,6 +192,8 @@ def build_server(sessions: EpisodeSessions) -> Server[Any]:
         if _EPISODE_KEY not in connection.state:
             try:
                 episode = await sessions.open()
+            except SessionLimitError as err:
+                raise MCPError(code=SESSION_LIMIT, message=terminal_safe(err)) from err
             except GymError as err:
                 raise MCPError(code=INTERNAL_ERROR,
                                message=f"could not start this session's episode: {terminal_safe(err)}") from err
@@ -204,4 +211,5 @@ def build_server(sessions: EpisodeSessions) -> Server[Any]:
     return server
 
 
-__all__ = ["INSTRUCTIONS", "build_server", "observation_text", "refused_result", "require_mcp", "step_result"]
+__all__ = ["INSTRUCTIONS", "SESSION_LIMIT", "build_server", "observation_text", "refused_result", "require_mcp",
+           "step_result"]

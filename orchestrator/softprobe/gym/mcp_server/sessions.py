@@ -40,6 +40,14 @@ class UnknownToolError(InvalidActionError):
     """A client called a tool the episode does not have (an MCP protocol error, no step taken)."""
 
 
+#: Sessions (each an episode, so a sandbox) one server holds at once unless told otherwise.
+DEFAULT_MAX_SESSIONS = 8
+
+
+class SessionLimitError(GymError):
+    """A new session was refused: the server holds ``max_sessions`` episodes already."""
+
+
 class EpisodeSessions:
     """The episodes of an MCP server's sessions on one host.
 
@@ -48,11 +56,26 @@ class EpisodeSessions:
         function_names: expose each tool under its function name (``crm__get_account``) rather
             than its own (``crm.get_account``), for clients that only take ``[a-zA-Z0-9_-]``.
         prefix: the start of every episode id (a random part follows).
+        max_sessions: the most episodes held at once (opening, open, or still closing: each is
+            a sandbox); a session past it is refused (:class:`SessionLimitError`) until one
+            closes. ``None``: no limit.
+
+    Raises:
+        ConfigurationError: ``max_sessions`` is not a positive number.
     """
 
-    def __init__(self, host: HostEnvironment, *, function_names: bool = False, prefix: str = "mcp") -> None:
+    def __init__(
+        self, host: HostEnvironment, *, function_names: bool = False, prefix: str = "mcp",
+        max_sessions: int | None = DEFAULT_MAX_SESSIONS,
+    ) -> None:
+        if max_sessions is not None and (isinstance(max_sessions, bool) or not isinstance(max_sessions, int)
+                                         or max_sessions < 1):
+            raise ConfigurationError(f"max_sessions must be a positive number of sessions (or None), not "
+                                     f"{max_sessions!r}")
         self.host = host
         self.function_names = function_names
+        self.max_sessions = max_sessions
+        self._opening = 0
         self._prefix = prefix
         self._episodes: dict[str, SessionEpisode] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -80,17 +103,28 @@ class EpisodeSessions:
         """Create and reset a fresh episode for a new session.
 
         Raises:
+            SessionLimitError: ``max_sessions`` episodes are held already (nothing is created).
             GymError: the episode could not be created or started (its folder and any sandbox
                 are released again).
         """
+        held = len(self._episodes) + self._opening
+        if self.max_sessions is not None and held >= self.max_sessions:
+            raise SessionLimitError(
+                f"this MCP server already holds {held} session episodes, its limit (max_sessions "
+                f"{self.max_sessions}); close a session (or wait for an idle one to time out) and connect again"
+            )
         episode_id = f"{self._prefix}-{secrets.token_hex(6)}"
-        await self.host.create_episode(episode_id=episode_id)
+        self._opening += 1
         try:
-            await self.host.reset(episode_id=episode_id)
-            specs = await self.host.tool_specs(episode_id=episode_id)
-        except BaseException:
-            await self.host.destroy(episode_id=episode_id)
-            raise
+            await self.host.create_episode(episode_id=episode_id)
+            try:
+                await self.host.reset(episode_id=episode_id)
+                specs = await self.host.tool_specs(episode_id=episode_id)
+            except BaseException:
+                await self.host.destroy(episode_id=episode_id)
+                raise
+        finally:
+            self._opening -= 1
         names = {(function_name_for_tool(s.name) if self.function_names else s.name): s for s in specs}
         episode = self._episodes[episode_id] = SessionEpisode(episode_id=episode_id, tools=names)
         self._closed[episode_id] = asyncio.Event()
@@ -177,4 +211,4 @@ class EpisodeSessions:
             await self.close(episode_id)
 
 
-__all__ = ["EpisodeSessions", "SessionEpisode", "UnknownToolError"]
+__all__ = ["DEFAULT_MAX_SESSIONS", "EpisodeSessions", "SessionEpisode", "SessionLimitError", "UnknownToolError"]

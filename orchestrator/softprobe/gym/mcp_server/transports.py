@@ -121,9 +121,6 @@ class HttpEndpoint:
         """
         import uvicorn
 
-        app = build_server(self.sessions).streamable_http_app(
-            streamable_http_path=HTTP_PATH, host=self.host, session_idle_timeout=self.idle_timeout_s,
-        )
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -137,10 +134,28 @@ class HttpEndpoint:
         self.port = sock.getsockname()[1]
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{shown}:{self.port}{HTTP_PATH}"
+        app = build_server(self.sessions).streamable_http_app(
+            streamable_http_path=HTTP_PATH, host=self.host, session_idle_timeout=self.idle_timeout_s,
+            transport_security=self._transport_security(shown),
+        )
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
         self._server = _uvicorn_server()(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         return self.url
+
+    def _transport_security(self, shown: str) -> Any:
+        """DNS-rebinding protection on a loopback bind: only a Host of this address and port
+        (or ``localhost`` and the port) and an Origin of the same are served, so a web page the
+        user visits cannot reach the endpoint through a name it points at 127.0.0.1. A remote
+        bind (``allow_remote``) is reached by names this server cannot know: unchecked."""
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        if not is_loopback(self.host):
+            return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        hosts = sorted({f"{shown}:{self.port}", f"localhost:{self.port}",
+                        *([f"127.0.0.1:{self.port}"] if self.host == "localhost" else [])})
+        return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                         allowed_origins=[f"http://{h}" for h in hosts])
 
     def request_stop(self) -> None:
         """Ask the server to stop (from a signal handler, say); :meth:`wait` then returns."""

@@ -26,7 +26,7 @@ from softprobe.gym.policies.messages import (
     first_user_message,
     tool_message_text,
 )
-from softprobe.gym.policies.retrying import body_head, is_transient, status_of, wait_for
+from softprobe.gym.policies.retrying import BODY_HEAD_CHARS, body_head, is_transient, status_of, wait_for
 from softprobe.gym.results import StepResult
 from softprobe.gym.training.session import PolicyStep
 
@@ -194,19 +194,18 @@ class ChatCompletionsPolicy:
         self._calls += 1
         started, response, retries = await self._request()
         latency_ms = round((time.perf_counter() - started) * 1000, 3)
-        message = response.choices[0].message
-        calls = list(message.tool_calls or [])
-        self.messages.append(assistant_message(message.content, calls))
-        usage = response.usage
+        content, calls = self._reply_of(response, retries + 1)
+        self.messages.append(assistant_message(content, calls))
+        usage = getattr(response, "usage", None)
         first = {
             "model": self.model, "call": self._calls, "tool_call_id": None, "parallel_index": 0,
-            "prompt_tokens": usage.prompt_tokens if usage is not None else None,
-            "completion_tokens": usage.completion_tokens if usage is not None else None,
+            "prompt_tokens": _count(getattr(usage, "prompt_tokens", None)),
+            "completion_tokens": _count(getattr(usage, "completion_tokens", None)),
             "latency_ms": latency_ms, "retries": retries,
         }
         if not calls:
             self.stop_reason = "final_message"
-            self._queue.append(("", PolicyStep(action=TerminateAction(output=message.content or ""),
+            self._queue.append(("", PolicyStep(action=TerminateAction(output=content or ""),
                                                diagnostics={"policy": first})))
             return
         for index, call in enumerate(calls):
@@ -216,6 +215,31 @@ class ChatCompletionsPolicy:
             }
             info["tool_call_id"] = call.id
             self._queue.append((call.id, PolicyStep(action=action, diagnostics={"policy": info}, refused=refused)))
+
+    def _reply_of(self, response: Any, attempts: int) -> tuple[str | None, list[Any]]:
+        """The reply's text and tool calls, checked for shape: the SDK builds its response
+        objects without validating them, so a 200 answer of any JSON reaches us as is.
+
+        Raises:
+            ModelRequestError: the answer holds no message, or one of an unusable shape.
+        """
+        choices = getattr(response, "choices", None)
+        message = getattr(choices[0], "message", None) if isinstance(choices, list) and choices else None
+        content = getattr(message, "content", None)
+        calls = getattr(message, "tool_calls", None)
+        usable = (message is not None and (content is None or isinstance(content, str))
+                  and (calls is None or isinstance(calls, list)))
+        if usable and calls:
+            usable = all(isinstance(getattr(call, "id", None), str)
+                         and isinstance(getattr(getattr(call, "function", None), "name", None), str)
+                         for call in calls)
+        if not usable:
+            body = repr(response)[:BODY_HEAD_CHARS]
+            raise ModelRequestError(
+                f"{self.base_url} answered without a usable message (no choices, a null message, or "
+                f"tool calls of the wrong shape): {body[:200]}; check that the server speaks the "
+                f"OpenAI chat completions API", status=200, body=body, attempts=attempts)
+        return content, list(calls or [])
 
     async def _request(self) -> tuple[float, Any, int]:
         """The request, retried on transient failures: (start of the answered attempt, the
@@ -282,4 +306,10 @@ class ChatCompletionsPolicy:
             await client.close()
 
 
+def _count(value: object) -> int | None:
+    """A token count from the reply's usage, or None when it gave none (or not a number)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "INSTALL_HINT", "ChatCompletionsPolicy", "StopReason"]
+

@@ -7,6 +7,7 @@ is the request's own fault: retrying would only repeat it.
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,24 +43,32 @@ def retry_after_s(error: BaseException, *, now: float | None = None) -> float | 
     headers: Any = getattr(response, "headers", None)
     if headers is None:
         return None
-    millis = headers.get("retry-after-ms")
+    millis = _finite(headers.get("retry-after-ms"))
     if millis is not None:
-        try:
-            return max(float(millis) / 1000, 0.0)
-        except ValueError:
-            pass
+        return max(millis / 1000, 0.0)
     value = headers.get("retry-after")
     if value is None:
         return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
+    seconds = _finite(value)
+    if seconds is not None:
+        return max(seconds, 0.0)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
     return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a finite number, or None: "nan" and "inf" parse as floats but are no wait
+    (a NaN passes both ``max`` and ``min`` unchanged and would reach the sleep)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def wait_for(backoff_s: float, cap_s: float) -> Callable[[RetryCallState], float]:

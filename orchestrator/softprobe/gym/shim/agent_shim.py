@@ -59,6 +59,7 @@ local mode is for development and tests, never for untrusted agents.
 from __future__ import annotations  # annotations stay strings: free at start-up, fine on 3.8
 
 import contextlib
+import errno
 import hashlib
 import heapq
 import json
@@ -1710,6 +1711,9 @@ class Shim:
                 sys.stderr.write("softprobe shim: MCP server %s offers no tools: %s\n" % (name, err.message))
                 continue
             skipped: list[str] = []
+            # A model knows a tool by its function name (each "." as "__"): two tools with one
+            # function name would make the episode's tool list unusable, so the later one is out.
+            functions = {_function_name(taken) for taken in (*self.builtins, *self.declared, *self.mcp_tools)}
             for tool in listed:
                 tool_name = tool.get("name") if isinstance(tool, dict) else None
                 full = "%s.%s" % (name, tool_name)
@@ -1718,10 +1722,13 @@ class Shim:
                     skipped.append("%r (not a valid tool name)" % (tool_name,))
                 elif full in self.builtins or full in self.declared or full in self.mcp_tools:
                     skipped.append("%r (the name is taken)" % full)
+                elif _function_name(full) in functions:
+                    skipped.append("%r (its function name %s is taken)" % (full, _function_name(full)))
                 elif not _object_schema(schema):
                     skipped.append("%r (its inputSchema is not an object schema)" % full)
                 else:
                     description = tool.get("description")
+                    functions.add(_function_name(full))
                     self.mcp_tools[full] = {"server": name, "tool": tool_name, "args": schema,
                                             "description": description if isinstance(description, str) else ""}
             if skipped:
@@ -1869,7 +1876,10 @@ class Shim:
         """The final state of every path the last call changed, for the host's tape: see
         :func:`_export_changes`. ``max_bytes`` bounds the file data and link targets."""
         max_bytes = int(_bounded_number(request.get("max_bytes"), 8 << 20, 1 << 30))
-        result = _export_changes(os.fsencode(self.workspace), sorted(self.last_changed or ()), max_bytes)
+        # As the agent: a root shim reading what the agent points it at would carry files the
+        # agent cannot read (a folder swapped for a link to /etc) into the host's tape.
+        with self.identity.acting_as_agent():
+            result = _export_changes(os.fsencode(self.workspace), sorted(self.last_changed or ()), max_bytes)
         result["workspace_digest"] = self.index.digest
         return result
 
@@ -1971,60 +1981,90 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def _export_changes(root: bytes, rels: list[bytes], max_bytes: int) -> dict[str, Any]:
     """``{"entries": [...], "bytes": n}``: each of ``rels`` as it is now (gone: ``absent``).
-    What a change set cannot carry faithfully makes it ``{"unsupported": reason, "detail"}``
-    instead: more than ``max_bytes`` of data (``over_budget``), a name or link target that is
-    not UTF-8, a file with several hard links, a FIFO/socket/device, an unreadable file."""
-    import base64
 
+    Each path is reached component by component from the workspace's descriptor, never
+    following a link (``O_NOFOLLOW | O_DIRECTORY``): a path below a link or another non-folder
+    is left out (nothing below a link is workspace state; its parent's own entry replaces it),
+    and one below a missing folder is ``absent``. What a change set cannot carry faithfully
+    makes it ``{"unsupported": reason, "detail"}`` instead: more than ``max_bytes`` of data
+    (``over_budget``), a name or link target that is not UTF-8, a file with several hard links,
+    a FIFO/socket/device, an unreadable file (or folder on the way)."""
     entries: list[dict[str, Any]] = []
     total = 0
 
     def unsupported(reason: str, rel: bytes) -> dict[str, Any]:
         return {"unsupported": reason, "detail": printable(rel), "bytes": total}
 
-    for rel in rels:
-        try:
-            path = rel.decode("utf-8")
-        except UnicodeDecodeError:
-            return unsupported("non_utf8_path", rel)
-        full = os.path.join(root, rel)
-        try:
-            st = os.lstat(full)
-        except OSError:
-            entries.append({"path": path, "kind": "absent"})
-            continue
-        mode = stat.S_IMODE(st.st_mode) & 0o777
-        if stat.S_ISDIR(st.st_mode):
-            entries.append({"path": path, "kind": "dir", "mode": mode})
-        elif stat.S_ISLNK(st.st_mode):
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for rel in rels:
             try:
-                target = os.readlink(full)
-                total += len(target)
-                entries.append({"path": path, "kind": "symlink", "target": target.decode("utf-8")})
-            except (OSError, UnicodeDecodeError):
-                return unsupported("unreadable_link", rel)
-        elif stat.S_ISREG(st.st_mode):
-            if st.st_nlink > 1:
-                return unsupported("hard_link", rel)
-            total += st.st_size
-            if total > max_bytes:
-                return unsupported("over_budget", rel)
+                path = rel.decode("utf-8")
+            except UnicodeDecodeError:
+                return unsupported("non_utf8_path", rel)
+            parts = tuple(rel.split(b"/"))
             try:
-                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-                with os.fdopen(fd, "rb") as f:
-                    data = f.read(max_bytes - total + st.st_size + 1)
-            except OSError:
+                parent = _open_parent(root_fd, parts)
+            except FileNotFoundError:
+                entries.append({"path": path, "kind": "absent"})
+                continue
+            except OSError as err:
+                if err.errno in (errno.ENOTDIR, errno.ELOOP):
+                    continue  # below a link or a file: not part of the workspace's state
                 return unsupported("unreadable", rel)
-            total += len(data) - st.st_size
+            try:
+                entry = _export_entry(parent, parts[-1], path, max_bytes - total)
+            finally:
+                os.close(parent)
+            if isinstance(entry, str):
+                return unsupported(entry, rel)
+            total += entry.pop("bytes", 0)
+            entries.append(entry)
             if total > max_bytes:
                 return unsupported("over_budget", rel)
-            entries.append({"path": path, "kind": "file", "mode": mode,
-                             "data": base64.b64encode(data).decode("ascii")})
-        else:
-            return unsupported("special_file", rel)
-        if total > max_bytes:
-            return unsupported("over_budget", rel)
+    finally:
+        os.close(root_fd)
     return {"entries": entries, "bytes": total}
+
+
+def _export_entry(parent: int, name: bytes, path: str, budget: int) -> dict[str, Any] | str:
+    """The change set entry of ``name`` in the folder ``parent`` (with the ``bytes`` it uses),
+    or why it cannot be carried (``over_budget`` past ``budget`` bytes, ...)."""
+    import base64
+
+    try:
+        st = os.lstat(name, dir_fd=parent)
+    except FileNotFoundError:
+        return {"path": path, "kind": "absent"}
+    except OSError:
+        return "unreadable"
+    mode = stat.S_IMODE(st.st_mode) & 0o777
+    if stat.S_ISDIR(st.st_mode):
+        return {"path": path, "kind": "dir", "mode": mode}
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(name, dir_fd=parent)
+            return {"path": path, "kind": "symlink", "target": target.decode("utf-8"), "bytes": len(target)}
+        except (OSError, UnicodeDecodeError):
+            return "unreadable_link"
+    if not stat.S_ISREG(st.st_mode):
+        return "special_file"
+    if st.st_nlink > 1:
+        return "hard_link"
+    if st.st_size > budget:
+        return "over_budget"
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return "special_file"  # swapped since the lstat
+            data = f.read(budget + 1)
+    except OSError:
+        return "unreadable"
+    if len(data) > budget:
+        return "over_budget"
+    return {"path": path, "kind": "file", "mode": mode, "data": base64.b64encode(data).decode("ascii"),
+            "bytes": len(data)}
 
 
 if TYPE_CHECKING:
@@ -2039,7 +2079,9 @@ def _refuse(message: str) -> NoReturn:
 def _checked_change_set(changes: object) -> list[Change]:
     """The entries of an untrusted change set, checked for form: relative paths without ``.``,
     ``..`` or empty parts, each once; known kinds; a mode of permission bits; base64 data; and
-    no entry below one that is not a folder (below an ``absent`` only other ``absent`` ones)."""
+    no entry below one that is not a folder (below an ``absent`` only other ``absent`` ones).
+    An ``absent`` entry below a file or link of the set is dropped: replacing its parent
+    removes it (an older recording could carry one)."""
     import base64
     import binascii
 
@@ -2082,14 +2124,24 @@ def _checked_change_set(changes: object) -> list[Change]:
                 _refuse("change set link %r has a target that is not UTF-8" % path)
         kinds[parts] = kind
         checked.append((raw, parts, kind, mode, data, target))
-    for raw, parts, kind, _mode, _data, _target in checked:
+    kept: list[Change] = []
+    for entry in checked:
+        raw, parts, kind = entry[0], entry[1], entry[2]
+        covered = False
         for i in range(1, len(parts)):
             above = kinds.get(parts[:i])
             if above is None or above == "dir" or (above == "absent" and kind == "absent"):
                 continue
+            if kind == "absent":
+                # Gone with its parent, which the set replaces by a file or link: nothing to do
+                # (removing it first would go through whatever is there now).
+                covered = True
+                break
             _refuse("change set path %r lies below %r, which the set makes a %s (links are never followed)"
                     % (printable(raw), printable(b"/".join(parts[:i])), above))
-    return checked
+        if not covered:
+            kept.append(entry)
+    return kept
 
 
 def _check_change_targets(root: bytes, entries: list[Change]) -> None:
@@ -2213,6 +2265,11 @@ def _apply_change_set(workspace: str, entries: list[Change]) -> None:
                 os.close(fd)
     finally:
         os.close(root_fd)
+
+
+def _function_name(tool: str) -> str:
+    """The function name a model is given for ``tool`` (the host's ``function_name_for_tool``)."""
+    return tool.replace(".", "__")
 
 
 def _overlay_entry(name: object, spec: object) -> dict[str, Any]:

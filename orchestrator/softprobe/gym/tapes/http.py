@@ -18,8 +18,10 @@ How it works, per episode attempt (one :class:`~softprobe.gym.tapes.session.Tape
     ``step:N``, causal parent the step's span id, appended and fsynced at step end;
   - ``served`` (replay): the entry consumed, the dependency ``recorded``;
   - ``miss`` (replay): the client got ``502`` naming ``replay_miss`` and the digest; the
-    dependency is ``unsupported`` and the step's diagnostics get ``replay_miss`` (the step itself
-    ran: its exit code is whatever the client made of the 502);
+    dependency is ``unsupported`` and the step's diagnostics get ``replay_miss`` (the first
+    :data:`MAX_REPLAY_MISSES`, each request's URL, headers and body cut to a few KiB, with
+    ``replay_miss_total``; the step itself ran: its exit code is whatever the client made of
+    the 502);
   - ``live`` (observe, or not journaled: a body over the cap, chunked, a full journal);
   - ``connect`` (HTTPS tunnels): ``unsupported`` always; refused under replay.
 
@@ -30,7 +32,8 @@ proxy headers and ``content-length``), ``"body"``, ``"body_encoding"`` (``utf-8`
 "status", "reason", "headers"`` (as received, in order), ``"body", "body_encoding"}``; the body
 is the bytes after the head as received (a chunked response keeps its framing).
 
-Bodies over :data:`BODY_CAP` are not journaled (reported ``live`` with note ``over_cap``).
+Bodies over :data:`BODY_CAP` are not journaled (reported ``live`` with note ``over_cap``); past
+the proxy's journal cap (64 MiB) no request is (``live``/``miss`` lines with note ``journal_full``).
 Requests a client sends in the background after its step ended are attributed to the step
 during which the host reads them.
 """
@@ -55,6 +58,9 @@ from softprobe.gym.tapes.session import TAPE_REPLAY, TapedCall, TapeSession
 from softprobe.gym.tracing import parse_traceparent
 
 HTTP_RUNTIME_TYPE = "application/http+json"
+#: A step's ``diagnostics["replay_miss"]`` lists at most this many misses (``replay_miss_total``
+#: counts them all, ``replay_miss_truncated`` says some were left out).
+MAX_REPLAY_MISSES = 100
 #: The most a request or response body may take and still be journaled (and so recorded).
 BODY_CAP = 1024 * 1024
 #: Not part of a request's canonical form (equal to egress_proxy.HOP_HEADERS).
@@ -174,11 +180,16 @@ def _take(tape: TapeSession, state: HttpTape, data: bytes, step: int, parent: st
         elif event == "miss":
             tape.note(ClosureDependency(category="HTTP_CLIENT", operation=operation, provider="unsupported",
                                         call_site=site, canonical_request_digest=digest, note="replay_miss"))
-            diagnostics.setdefault("replay_miss", []).append({
-                "category": "HTTP_CLIENT", "operation": operation, "call_site": site,
-                "canonical_request_digest": digest, "canonical_request": record.get("request"),
-                **({"why": record["why"]} if record.get("why") else {}),
-            })
+            misses = diagnostics.setdefault("replay_miss", [])
+            if len(misses) < MAX_REPLAY_MISSES:
+                misses.append({
+                    "category": "HTTP_CLIENT", "operation": operation, "call_site": site,
+                    "canonical_request_digest": digest, "canonical_request": record.get("request"),
+                    **({"why": record["why"]} if record.get("why") else {}),
+                })
+            else:  # an agent can miss thousands of times a step: the first ones, then a count
+                diagnostics["replay_miss_truncated"] = True
+            diagnostics["replay_miss_total"] = diagnostics.get("replay_miss_total", 0) + 1
         elif event == "connect":
             tape.note(ClosureDependency(category="HTTP_CLIENT", operation=operation, provider="unsupported",
                                         call_site=site, note="connect_refused" if record.get("refused")

@@ -45,8 +45,12 @@ HOP_HEADERS = frozenset({
     "connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te",
     "trailer", "transfer-encoding", "upgrade", "content-length",
 })
-#: The journal stops taking bodies past this many bytes (then only ``live`` lines, marked).
+#: The journal stops taking bodies past this many bytes: then an ``exchange`` becomes a ``live``
+#: line and every other line loses its request (digest only), each marked ``journal_full``.
 JOURNAL_CAP = 64 * 1024 * 1024
+#: A ``miss`` line keeps about this much of the request's URL, headers and body each (it is for
+#: diagnostics; the digest covers the whole request), then says ``truncated``.
+MISS_BODY_HEAD = 4096
 #: Decisions recorded one by one; after these only their number is (a line per SUPPRESSED_EVERY),
 #: so a flood can neither push the first decisions out of the bounded log nor fill it: a record
 #: is at most ~700 bytes in Docker's log, so these take ~3.5 MB of its 16 MB.
@@ -98,6 +102,25 @@ def _body(body: bytes) -> dict[str, str]:
         return {"body": body.decode("utf-8"), "body_encoding": "utf-8"}
     except UnicodeDecodeError:
         return {"body": base64.b64encode(body).decode("ascii"), "body_encoding": "base64"}
+
+
+def bounded_request(request: object) -> object:
+    """What a ``miss`` line shows of a canonical request it did not serve: its URL, headers and
+    body cut to about :data:`MISS_BODY_HEAD` characters each (then ``truncated``; the digest
+    covers the whole request). A miss line is then a few KiB, whatever the request."""
+    if not isinstance(request, dict):
+        return request
+    url, body = str(request.get("url") or ""), str(request.get("body") or "")
+    headers, size = [], 0
+    for pair in request.get("headers") or []:
+        size += len(json.dumps(pair))
+        if size > MISS_BODY_HEAD:
+            break
+        headers.append(pair)
+    if len(url) <= MISS_BODY_HEAD and len(body) <= MISS_BODY_HEAD and len(headers) == len(request.get("headers") or []):
+        return request
+    return {**request, "url": url[:MISS_BODY_HEAD], "headers": headers, "body": body[:MISS_BODY_HEAD],
+            "truncated": True}
 
 
 def canonical_digest(value: object) -> str:
@@ -166,9 +189,14 @@ class Journal:
     def write(self, record: dict[str, object]) -> None:
         """Append one line (one write, flushed before the client gets its answer)."""
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-        if self.written + len(line) > JOURNAL_CAP and record.get("event") == "exchange":
-            record = {"event": "live", "operation": record["operation"], "digest": record["digest"],
-                      "note": "journal_full"}
+        if self.written + len(line) > JOURNAL_CAP:
+            # Past the cap every line is small: under replay an agent can send request after
+            # request (each a miss), and the host reads the journal after each step.
+            if record.get("event") == "exchange":
+                record = {"event": "live", "operation": record["operation"], "digest": record["digest"],
+                          "note": "journal_full"}
+            else:
+                record = {**{k: v for k, v in record.items() if k != "request"}, "note": "journal_full"}
             line = (json.dumps(record) + "\n").encode("utf-8")
         self.written += len(line)
         with open(os.path.join(self.folder, "journal.jsonl"), "ab") as handle:
@@ -329,7 +357,7 @@ class Proxy:
             await writer.drain()
             return
         self.journal.write({"event": "miss", "operation": exchange["operation"], "digest": digest,
-                            "request": exchange.get("request"), "why": exchange.get("why")})
+                            "request": bounded_request(exchange.get("request")), "why": exchange.get("why")})
         log("refused", destination, method, "replay_miss")
         body = json.dumps({"error": "replay_miss", "canonical_request_digest": digest,
                            "message": "the tape has no unconsumed response for this request"}).encode()

@@ -364,7 +364,12 @@ class WorldBuilder:
         return int(stat.get("size") or 0)
 
     def read_journal(self, world: WorldContainers) -> bytes:
-        """The proxy's ``journal.jsonl`` as it is now (b"" when there is none; blocking)."""
+        """The proxy's ``journal.jsonl`` as it is now (b"" when there is none; blocking).
+
+        The whole file: Docker's archive endpoint has no offset, and a tail would take an exec in
+        the proxy per step. What bounds the copy is the proxy's JOURNAL_CAP (past it every line
+        is a small digest-only one) and the stat before it (a step that made no request copies
+        nothing)."""
         if world.proxy is None:
             return b""
         try:
