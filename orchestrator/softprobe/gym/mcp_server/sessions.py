@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.episodes.toolspecs import ToolSchema, function_name_for_tool
-from softprobe.gym.errors import EpisodeNotFoundError, GymError, InvalidActionError, LifecycleError
+from softprobe.gym.errors import ConfigurationError, EpisodeNotFoundError, GymError, InvalidActionError, LifecycleError
 from softprobe.gym.results import EpisodeState, StepResult
 
 logger = logging.getLogger(__name__)
