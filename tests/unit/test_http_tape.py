@@ -208,3 +208,37 @@ async def test_a_taped_process_covers_its_http(tmp_path):
                            1, None, "d", run)
     assert call.error is None and "http_client" not in call.diagnostics
     assert TapeFolder(tmp_path / "tape").entries() == []  # (the stepper's CHILD_PROCESS entry is the only one)
+
+
+async def test_a_damaged_http_entry_is_a_miss_and_the_steps_go_on(tmp_path):
+    """One HTTP_CLIENT entry whose response payload is damaged is left out of what the proxy
+    serves (its request then misses), reported ``tape_corrupt``; the other entries are served
+    and no step fails for it."""
+    from softprobe.gym.actions import ToolAction
+    from softprobe.gym.shim.protocol import CallResult
+    from softprobe.gym.tapes import TapeFolder, TapeSession
+    from softprobe.gym.tapes.http import http_step
+
+    folder = TapeFolder(tmp_path / "tape")
+    recording, sandbox = TapeSession("record", folder, network_mode="egress"), _Sandbox()
+
+    async def run_with(journal: bytes) -> CallResult:
+        sandbox.journal += journal
+        return CallResult(observation="ok", diagnostics={"workspace_digest": "d"})
+
+    await http_step(recording, _Runtime(sandbox, "site.get"), ToolAction(name="shell.exec", args={}),  # type: ignore[arg-type]
+                    1, None, "d", lambda: run_with(_exchange("/a") + _exchange("/b")))
+    first, second = folder.entries()
+    damaged = folder.root / "payloads" / first.response.payload_ref.removeprefix("artifact:").replace(":", "-")
+    assert damaged.exists()
+    damaged.write_bytes(b"{not json")
+
+    replaying, sandbox = TapeSession("replay", folder, network_mode="egress"), _Sandbox()
+    call = await http_step(replaying, _Runtime(sandbox, "site.get"), ToolAction(name="shell.exec", args={}),  # type: ignore[arg-type]
+                           1, None, "d", lambda: run_with(b""))
+    assert call.error is None and "tape_error" not in call.diagnostics
+    (control,) = sandbox.controls
+    assert [entry["sequence"] for entry in control["replay"]] == [second.sequence]
+    notes = [(d.operation, d.provider, d.note) for d in replaying.closure_report().dependencies
+             if d.category == "HTTP_CLIENT"]
+    assert notes == [("GET site:80", "unsupported", "tape_corrupt")]

@@ -147,8 +147,22 @@ async def _configure(tape: TapeSession, state: HttpTape, runtime: Runtime, step:
         wanted = ("replay", id(queue))
         entries = [c for c in queue if c.entry.category == "HTTP_CLIENT" and c.entry.sequence not in consumed]
         state.by_sequence = {c.entry.sequence: c for c in entries}
-        replay = [{"sequence": c.entry.sequence, "digest": c.entry.request.canonical_digest,
-                   "response": json.loads(c.source.get_payload(c.entry.response.payload_ref))} for c in entries]
+        replay = []
+        for call in entries:
+            try:
+                response = json.loads(call.source.get_payload(call.entry.response.payload_ref))
+            except (TapeError, ValueError):
+                # A damaged entry is left out: its request is then a miss (502), this step and the
+                # others go on. Said once, in the closure report, where it was found.
+                state.by_sequence.pop(call.entry.sequence, None)
+                consumed.add(call.entry.sequence)
+                tape.note(ClosureDependency(category="HTTP_CLIENT", operation=call.entry.operation,
+                                            provider="unsupported", call_site=f"step:{step}",
+                                            canonical_request_digest=call.entry.request.canonical_digest,
+                                            note="tape_corrupt"))
+                continue
+            replay.append({"sequence": call.entry.sequence, "digest": call.entry.request.canonical_digest,
+                           "response": response})
         control = {"mode": "replay", "body_cap": BODY_CAP, "replay": replay}
     if wanted == state.serving:
         return
