@@ -51,7 +51,7 @@ def second_engine(docker_engine: None) -> Iterator[str]:
         started = run.returncode == 0
         problem = _problem(DOCKER2_HOST) if started else f"{SCRIPT.name} failed: {run.stderr.strip()[-600:]}"
     if problem is not None:
-        reason = (f"the two-engine tests need a second Docker engine at {DOCKER2_HOST}: {problem}. "
+        reason = (f"the two-engine tests need a second Docker engine at {DOCKER2_HOST}: {problem.rstrip('.')}. "
                   f"Start it as root with `bash .ci/second-engine` (`bash .ci/setup test` does).")
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the two-engine tests, but {reason}", pytrace=False)

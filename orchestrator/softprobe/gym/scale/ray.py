@@ -18,6 +18,7 @@ one left (by label) on its first call. :meth:`DistributedHost.run_rollouts` retu
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,7 +184,7 @@ class DistributedHost:
         self.placements: dict[str, str] = {}  # episode id -> node id, for every episode placed
 
     @classmethod
-    async def connect(cls, *, engines: dict[str, str] | None = None, **host_options: Any) -> DistributedHost:
+    async def connect(cls, *, engines: Mapping[str, str] | None = None, **host_options: Any) -> DistributedHost:
         """One host actor on every alive node that carries the ``docker`` resource.
 
         Args:
