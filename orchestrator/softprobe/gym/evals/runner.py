@@ -460,7 +460,7 @@ async def _connect_ray(address: str, suite: Suite, host_options: dict[str, Any])
             ray.cloudpickle.register_pickle_by_value(  # type: ignore[no-untyped-call]
                 sys.modules[suite.policy(task).__module__]
             )
-    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in host_options.items()}
+    options: dict[str, Any] = {k: (str(v) if isinstance(v, Path) else v) for k, v in host_options.items()}
     return await DistributedHost.connect(**options)
 
 

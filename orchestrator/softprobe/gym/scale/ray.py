@@ -2,7 +2,9 @@
 
 Every node that runs Docker starts Ray with ``ray start --resources='{"docker": 1}'``. A
 :class:`HostActor` (``num_cpus=0``, ``resources={"docker": 1}``) then lands on each such node and
-owns that node's Docker engine through an ordinary :class:`HostEnvironment`. The driver-side
+owns that node's Docker engine through an ordinary :class:`HostEnvironment`: the engine that
+``DOCKER_HOST`` (or the Docker context) names in that node's environment, or the one given for
+the node in ``connect(engines={node_id: address})``. The driver-side
 :class:`DistributedHost` has the host's async API; it places each new episode on the least-loaded
 node and routes every later call to the actor that owns the episode.
 
@@ -16,6 +18,7 @@ one left (by label) on its first call. :meth:`DistributedHost.run_rollouts` retu
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +29,7 @@ from softprobe.gym.episodes.factory import DEFAULT_IMAGE, create_host_environmen
 from softprobe.gym.episodes.forking import ForkResult
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.episodes.toolspecs import ToolSchema
-from softprobe.gym.errors import GymError
+from softprobe.gym.errors import ConfigurationError, GymError
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.results import CheckpointRecord, EpisodeHandle, FinalizeResult, ResetResult, StepResult
 from softprobe.gym.settings import Capabilities
@@ -107,8 +110,13 @@ class HostActor:
         import socket
 
         host = await self._ensure()
+        provider = host.provider
+        engine_id = None
+        if isinstance(provider, DockerProvider):  # which engine this actor owns (its daemon's ID)
+            engine_id = str((await provider.engine.run(provider.engine.api.info))["ID"])
         return {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname(),
-                "pid": os.getpid(), "host_id": host.host_id}
+                "pid": os.getpid(), "host_id": host.host_id, "engine_id": engine_id,
+                "docker_host": self._options.get("docker_host") or os.environ.get("DOCKER_HOST")}
 
     async def call(self, method: str, kwargs: dict[str, Any]) -> Any:
         host = await self._ensure()
@@ -176,11 +184,22 @@ class DistributedHost:
         self.placements: dict[str, str] = {}  # episode id -> node id, for every episode placed
 
     @classmethod
-    async def connect(cls, **host_options: Any) -> DistributedHost:
+    async def connect(cls, *, engines: Mapping[str, str] | None = None, **host_options: Any) -> DistributedHost:
         """One host actor on every alive node that carries the ``docker`` resource.
 
-        ``host_options`` are passed to ``create_host_environment`` on each node (``run_root`` is
-        a path on the nodes).
+        Args:
+            engines: Docker engine address (``unix://...``, ``tcp://...``) per node id, for
+                nodes whose actor must not use the engine of its own environment (several
+                engines on one machine, say). A node not named here uses ``docker_host`` of
+                ``host_options`` when given, else ``DOCKER_HOST`` / the Docker context of the
+                environment its Ray node was started in (``DOCKER_HOST=... ray start ...``).
+            host_options: passed to ``create_host_environment`` on each node (``run_root`` is a
+                path on the nodes). Seed images are shipped from the driver's engine: the
+                ``docker_host`` given here, else the driver's own environment.
+
+        Raises:
+            GymError: no alive node carries the ``docker`` resource.
+            ConfigurationError: ``engines`` names a node that is not such a node.
         """
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -190,10 +209,20 @@ class DistributedHost:
         if not docker_nodes:
             raise GymError("no Ray node carries the 'docker' resource: start nodes with "
                            "ray start --resources='{\"docker\": 1}'")
+        unknown = sorted(set(engines or {}) - set(docker_nodes))
+        if unknown:
+            raise ConfigurationError(f"engines names nodes that are not alive Docker nodes of this cluster: "
+                                     f"{', '.join(unknown)}; the Docker nodes are {', '.join(docker_nodes)}")
+
+        def options_for(node_id: str) -> dict[str, Any]:
+            if engines and node_id in engines:
+                return dict(host_options, docker_host=engines[node_id])
+            return host_options
+
         nodes = [
             # @ray.remote made HostActor an ActorClass (with .options); ray's annotations keep the class.
             _Node(node_id, HostActor.options(  # type: ignore[attr-defined]
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(host_options))
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(options_for(node_id)))
             for node_id in docker_nodes
         ]
         await asyncio.gather(*(node.actor.info.remote() for node in nodes))
