@@ -146,6 +146,28 @@ class CheckpointTooLargeError(GymError):
         self.budget_bytes = budget_bytes
 
 
+class WorkspaceCheckpointError(SandboxError):
+    """A workspace checkpoint (``checkpoint_scope="workspace"``) could not be taken: the
+    workspace holds what an archive of files, folders and links cannot carry faithfully (a
+    FIFO, socket or device, a file with several hard links, a name that is not UTF-8, an
+    unreadable file). Nothing was stored; the episode goes on."""
+
+
+class ForkManyError(GymError):
+    """Some children of a ``fork_many`` could not be created. Every child that was created has
+    been destroyed again (their ids are free); nothing of the group stays.
+
+    Attributes:
+        failures: child index (0-based) -> the error that child's fork raised.
+        cancelled: how many children were created and then destroyed because of the failures.
+    """
+
+    def __init__(self, message: str, *, failures: dict[int, BaseException], cancelled: int) -> None:
+        super().__init__(message)
+        self.failures = failures
+        self.cancelled = cancelled
+
+
 class CapabilityError(GymError):
     """An operation needs a capability the host did not declare."""
 
@@ -250,6 +272,7 @@ __all__ = [
     "EpisodeBrokenError",
     "EpisodeExistsError",
     "EpisodeNotFoundError",
+    "ForkManyError",
     "ForkRequestError",
     "ForkVerificationError",
     "GymError",
@@ -271,4 +294,5 @@ __all__ = [
     "TapeError",
     "UnsafeArchiveError",
     "UnsupportedForkError",
+    "WorkspaceCheckpointError",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -175,13 +175,19 @@ class CheckpointRecord(BaseModel):
 
     It captures the container's filesystem (the workspace and everything else written outside
     volumes and tmpfs mounts), not process memory: no process of a tool outlives its step, so
-    between steps there is none to lose.
+    between steps there is none to lose. With ``checkpoint_scope="workspace"`` it captures
+    ``/workspace`` only (``scope``), stored as content-addressed blobs in the episode's folder.
     """
 
     checkpoint_id: str
     episode_id: str
     step_index: int = Field(description="steps taken when the checkpoint was made")
-    image_id: str
+    image_id: str | None = Field(description="the committed image (None for a workspace checkpoint)")
+    scope: Literal["container", "workspace"] = Field(
+        default="container", description="container: the filesystem, committed; workspace: /workspace only"
+    )
+    blobs_added: int = Field(default=0, description="workspace scope: new blobs stored (the rest were held already)")
+    bytes_added: int = Field(default=0, description="workspace scope: bytes of the new blobs (what the budget counts)")
     workspace_digest: str
     subject_state: Any = None
     created_at: datetime

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -23,6 +24,13 @@ class Capabilities(BaseModel):
     environment_checkpoint: bool = True
     subject_state_import: bool = False
     deterministic_prefix_reexecution: bool = True
+    #: What a checkpoint keeps. ``"container"`` (default): the sandbox's whole filesystem (a
+    #: ``docker commit``). ``"workspace"``: only ``/workspace``, archived through the shim
+    #: (content-addressed, deduplicated across the episode's checkpoints) and restored into a
+    #: warm pooled or fresh sandbox: much faster, and honest *only* when the world is
+    #: ``/workspace``. Not kept: files outside it, packages installed during the episode, the
+    #: state of services (refused for a world with services); processes are never kept.
+    checkpoint_scope: Literal["container", "workspace"] = "container"
 
 
 class ContainerSettings(BaseModel):

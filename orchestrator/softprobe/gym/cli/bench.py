@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import statistics
 import tempfile
 import time
@@ -152,6 +153,8 @@ async def run_bench(*, image: str, quick: bool = False, log: Callable[[str], Non
         rows += await _large_workspace(image, Path(tmp))
         log("memory and a full rollout")
         rows += await _memory_and_rollout(image, Path(tmp), seed)
+        log("workspace checkpoints and group forks")
+        rows += await _fast_forks(image, Path(tmp), n)
     return BenchReport(image=image, quick=quick, rows=rows)
 
 
@@ -512,3 +515,71 @@ def main_bench(*, image: str, quick: bool, as_json: bool, runtimes: list[str] | 
     comparison = RuntimeComparison(image=image, quick=quick, reports=reports)
     print(comparison.model_dump_json(indent=2) if as_json else format_comparison(comparison))
     return 0
+
+
+async def _fast_forks(image: str, tmp: Path, n: _Sizes) -> list[BenchRow]:
+    """Workspace checkpoints against full-container ones on a 1 MB workspace (take, and import
+    into a warm pooled container), and a group of 8 forks against one fork (issue 21)."""
+    seed = tmp / "mb-seed"
+    seed.mkdir()
+    for i in range(16):  # 16 files of 64 KiB
+        (seed / f"data-{i:02d}.bin").write_bytes(os.urandom(64 * 1024))
+    samples = max(3, n["forks"])
+    timings: dict[str, dict[str, list[float]]] = {}
+    for scope in ("workspace", "container"):
+        caps = {"subject_state_import": True, "checkpoint_scope": scope}
+        async with create_host_environment(run_root=tmp / f"ff-{scope}", seed_root=seed, image=image, pool_size=8,
+                                           capabilities=caps, subject=_NoSubject()) as host:
+            assert host.pool is not None
+            await host.warm_up()
+            got: dict[str, list[float]] = {"first": [], "checkpoint": [], "import": [], "one": [], "eight": [],
+                                           "prefix one": [], "prefix eight": []}
+            for i in range(samples):  # a first checkpoint: all of the 1 MB is new
+                await host.create_episode(episode_id=f"first-{i}")
+                await host.reset(episode_id=f"first-{i}")
+                started = time.perf_counter()
+                await host.checkpoint(episode_id=f"first-{i}")
+                got["first"].append(time.perf_counter() - started)
+                await host.destroy(episode_id=f"first-{i}", cleanup=True)
+            await host.create_episode(episode_id="ff")
+            await host.reset(episode_id="ff")
+            ckpt = await host.checkpoint(episode_id="ff")
+            for i in range(samples):  # after a one-file change (the usual case between branch points)
+                await host.step(episode_id="ff", action={"type": "tool", "name": "fs.write",
+                                                         "args": {"path": f"n{i}.txt", "content": str(i)}})
+                started = time.perf_counter()
+                ckpt = await host.checkpoint(episode_id="ff")
+                got["checkpoint"].append(time.perf_counter() - started)
+            forks: list[tuple[str, int, dict[str, Any]]] = [
+                ("import", 1, dict(path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)),
+                ("one", 1, dict(path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)),
+                ("eight", 8, dict(path="checkpoint_import", checkpoint_id=ckpt.checkpoint_id)),
+                ("prefix one", 1, dict(path="prefix_reexecution", prefix_length=1)),
+                ("prefix eight", 8, dict(path="prefix_reexecution", prefix_length=1)),
+            ]
+            for key, count, kwargs in forks:
+                if scope == "container" and key not in ("import",):
+                    continue
+                for _ in range(samples):
+                    await host.pool.wait_ready()
+                    started = time.perf_counter()
+                    children = await host.fork_many(episode_id="ff", n=count, **kwargs)
+                    got[key].append(time.perf_counter() - started)
+                    await asyncio.gather(*(host.destroy(episode_id=c.episode_id, cleanup=True) for c in children))
+            timings[scope] = got
+    ws, full = timings["workspace"], timings["container"]
+    rows = [
+        _time_row("checkpoint, workspace scope, 1 MB all new", "checkpoint, container scope (docker commit)",
+                  ws["first"], full["first"]),
+        _time_row("checkpoint, workspace scope, 1 MB after a 1-file change", "checkpoint, container scope",
+                  ws["checkpoint"], full["checkpoint"]),
+        _time_row("fork, workspace checkpoint import (1 MB, warm pool)", "fork, container checkpoint import",
+                  ws["import"], full["import"]),
+    ]
+    for name, eight, one in [("fork_many(8), workspace checkpoint import", ws["eight"], ws["one"]),
+                             ("fork_many(8), prefix re-execution N=1", ws["prefix eight"], ws["prefix one"])]:
+        row = _time_row(name, "fork(1), same path", eight, one)
+        row.ratio = round(statistics.median(eight) / statistics.median(one), 2)
+        row.ratio_meaning = "ours/baseline: 8 children against one (target <= 2)"
+        rows.append(row)
+    return rows

@@ -62,12 +62,39 @@ class Admission:
 
     async def start_from(self, episode: Episode, entry: Checkpoint) -> Runtime:
         """A sandbox started from a checkpoint's image (it holds the workspace), holding a slot;
-        the image is kept while the episode's sandbox runs from it."""
+        the image is kept while the episode's sandbox runs from it. A workspace checkpoint's
+        archive is restored into a warm pooled sandbox instead (a fresh one if none is ready)."""
         self._checkpoints.use(entry, episode)
         await self.hold_slot(episode)
         labels = self._registry.labels(episode.episode_id)
-        spec = self._registry.spec(labels=labels, seed=False, image=entry.record.image_id, episode=episode)
-        return await Runtime.start(self._provider, spec)
+        if entry.workspace is None:
+            spec = self._registry.spec(labels=labels, seed=False, image=entry.record.image_id, episode=episode)
+            return await Runtime.start(self._provider, spec)
+        # A workspace checkpoint: the archive restored into a warm pooled sandbox (or a fresh one).
+        changes = asyncio.to_thread(entry.workspace.change_set)
+        pooled = self._registry.attempt_world(episode) == self._registry.attempt_world(None)
+        runtime = self.pool.take() if self.pool is not None and pooled else None
+        if runtime is None:
+            started = asyncio.ensure_future(
+                Runtime.start(self._provider, self._registry.spec(labels=labels, seed=False, episode=episode)))
+            try:
+                change_set = await changes
+            except BaseException:
+                await asyncio.shield(_remove_started(started))
+                raise
+            runtime = await started
+        else:
+            try:
+                change_set = await changes
+            except BaseException:
+                await asyncio.shield(runtime.remove())
+                raise
+        try:
+            await runtime.workspace_restore(change_set)
+        except BaseException:
+            await asyncio.shield(runtime.remove())
+            raise
+        return runtime
 
     async def _take_from_pool(self, seed_root: Path | None) -> Runtime | None:
         runtime = self.pool.take() if self.pool is not None else None
@@ -149,6 +176,15 @@ class Admission:
             await self.pool.close()
         await asyncio.gather(*list(self._retiring), return_exceptions=True)
         await self._provider.remove_labelled({L.HOST: self._registry.host_id})
+
+
+async def _remove_started(started: asyncio.Future[Runtime]) -> None:
+    """Remove the sandbox a start under way gives (or let its failure go: nothing to remove)."""
+    try:
+        runtime = await started
+    except BaseException:
+        return
+    await runtime.remove()
 
 
 __all__ = ["Admission"]

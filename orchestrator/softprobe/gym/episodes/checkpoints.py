@@ -13,6 +13,7 @@ from typing import Any
 
 from softprobe.gym import labels as L
 from softprobe.gym.episodes.registry import Episode, EpisodeRegistry
+from softprobe.gym.episodes.workspace_checkpoints import BlobStore, WorkspaceSnapshot, take_workspace_snapshot
 from softprobe.gym.errors import ForkRequestError, SubjectStateError
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.results import CheckpointRecord, StepResult
@@ -31,6 +32,7 @@ class Checkpoint:
     tape_source: TapeFolder | None = None  # the tape the episode replays from (None: it does not)
     users: set[str] = field(default_factory=set)  # episodes whose sandbox runs from it
     released: bool = False  # its episode was destroyed: no new fork can name it
+    workspace: WorkspaceSnapshot | None = None  # a workspace checkpoint's manifest (no image then)
 
 
 class CheckpointRegistry:
@@ -41,9 +43,19 @@ class CheckpointRegistry:
         self._registry = registry
         self._entries: dict[str, Checkpoint] = {}
         self._collect_lock = asyncio.Lock()  # concurrent destroys must not race over images
+        self._blob_stores: dict[str, BlobStore] = {}  # episode id -> its workspace checkpoints' blobs
+
+    def blob_store(self, episode: Episode) -> BlobStore:
+        """The store of ``episode``'s workspace checkpoints (``<episode>/checkpoints/``)."""
+        store = self._blob_stores.get(episode.episode_id)
+        if store is None:
+            store = self._blob_stores[episode.episode_id] = BlobStore(episode.store.dir / "checkpoints")
+        return store
 
     async def take(self, episode: Episode, *, subject: Any) -> CheckpointRecord:
-        """Commit ``episode``'s sandbox (called under its lock, with a live runtime).
+        """Commit ``episode``'s sandbox (called under its lock, with a live runtime); with
+        ``checkpoint_scope="workspace"``, archive its workspace into the episode's blob store
+        instead (:mod:`.workspace_checkpoints`).
 
         The subject's state is exported first: if that fails there is no image to clean up.
         What is committed is described by a digest taken now, after a sweep, not by the last
@@ -51,7 +63,8 @@ class CheckpointRegistry:
 
         Raises:
             SubjectStateError: ``subject.export_state`` raised (nothing is committed).
-            CheckpointTooLargeError / SandboxLostError / SandboxError: from the commit.
+            CheckpointTooLargeError / SandboxLostError / SandboxError: from the commit (or the
+                archive: WorkspaceCheckpointError when the workspace holds what it cannot carry).
             LifecycleError: the episode was destroyed meanwhile (an image made is removed).
         """
         checkpoint_id = f"ckpt-{uuid.uuid4().hex[:16]}"
@@ -68,20 +81,33 @@ class CheckpointRegistry:
                 ) from err
             episode.require_not_destroyed("checkpoint")
         runtime = episode.live_runtime("checkpoint")
-        workspace_digest = await runtime.rescan()
-        image_id = await runtime.commit(labels=labels, max_bytes=self._registry.config.checkpoint_budget_bytes)
-        try:
+        budget = self._registry.config.checkpoint_budget_bytes
+        image_id: str | None = None
+        workspace: WorkspaceSnapshot | None = None
+        if self._registry.config.capabilities.checkpoint_scope == "workspace":
+            # Blobs stored in the episode's folder are its records: a destroy meanwhile keeps them.
+            workspace = await take_workspace_snapshot(runtime, self.blob_store(episode), checkpoint_id,
+                                                      budget_bytes=budget)
+            workspace_digest = workspace.workspace_digest
             episode.require_not_destroyed("checkpoint")
-        except BaseException:
-            # Nobody will ever own this image: remove it rather than leak it.
-            await asyncio.shield(self._provider.remove_image(image_id))
-            raise
+        else:
+            workspace_digest = await runtime.rescan()
+            image_id = await runtime.commit(labels=labels, max_bytes=budget)
+            try:
+                episode.require_not_destroyed("checkpoint")
+            except BaseException:
+                # Nobody will ever own this image: remove it rather than leak it.
+                await asyncio.shield(self._provider.remove_image(image_id))
+                raise
         episode.workspace_digest = workspace_digest
         record = CheckpointRecord(
             checkpoint_id=checkpoint_id,
             episode_id=episode.episode_id,
             step_index=len(episode.steps),
             image_id=image_id,
+            scope="workspace" if workspace is not None else "container",
+            blobs_added=workspace.blobs_added if workspace is not None else 0,
+            bytes_added=workspace.bytes_added if workspace is not None else 0,
             workspace_digest=workspace_digest,
             subject_state=subject_state,
             created_at=datetime.now(timezone.utc),
@@ -90,7 +116,7 @@ class CheckpointRegistry:
         tape_prefix = list(episode.tape.log) if episode.tape and episode.tape.mode != "off" else None
         tape_source = episode.tape.replays_from if episode.tape else None
         self._entries[checkpoint_id] = Checkpoint(record, list(episode.steps), episode.initial_digest, tape_prefix,
-                                                  tape_source)
+                                                  tape_source, workspace=workspace)
         episode.checkpoints.append(checkpoint_id)
         episode.store.write_checkpoint(checkpoint_id, record.model_dump_json(indent=2))
         return record
@@ -120,6 +146,7 @@ class CheckpointRegistry:
 
     async def release(self, episode: Episode) -> None:
         """``episode`` is destroyed: its checkpoints can no longer be forked from."""
+        self._blob_stores.pop(episode.episode_id, None)
         for checkpoint_id in episode.checkpoints:
             entry = self._entries.get(checkpoint_id)
             if entry is not None:
@@ -136,7 +163,8 @@ class CheckpointRegistry:
                 unused.sort(key=lambda entry: entry.record.created_at, reverse=True)
                 removed = 0
                 for entry in unused:
-                    if await self._provider.remove_image(entry.record.image_id):
+                    # A workspace checkpoint has no image; its blobs are records in the episode's folder.
+                    if entry.record.image_id is None or await self._provider.remove_image(entry.record.image_id):
                         self._entries.pop(entry.record.checkpoint_id, None)
                         removed += 1
                 if not removed or removed == len(unused):
@@ -144,7 +172,7 @@ class CheckpointRegistry:
 
     def remaining_images(self) -> list[str]:
         """Images of checkpoints still held (after close: the ones that could not be removed)."""
-        return [entry.record.image_id for entry in self._entries.values()]
+        return [entry.record.image_id for entry in self._entries.values() if entry.record.image_id is not None]
 
 
 async def maybe_await(value: Any) -> Any:

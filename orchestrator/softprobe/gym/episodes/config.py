@@ -119,6 +119,14 @@ class HostConfig(BaseModel):
                 raise ValueError("tape_mode='replay' needs tape=<a recorded tape folder> (or a bundle with a tape:)")
             if not (self.tape / "tape.jsonl").is_file():
                 raise ValueError(f"tape {self.tape} has no tape.jsonl: replay needs a recorded tape folder")
+        if self.capabilities.checkpoint_scope == "workspace" and self.world.services:
+            names = ", ".join(service.name for service in self.world.services)
+            raise ValueError(
+                "capabilities declare checkpoint_scope='workspace', but the world has services "
+                f"({names}) whose state a workspace checkpoint would not keep: a fork would see "
+                "its parent's files with fresh services. Use checkpoint_scope='container' (the "
+                "default) or prefix re-execution for this world"
+            )
         if self.capabilities.subject_state_import:
             missing = [m for m in ("export_state", "import_state") if not callable(getattr(self.subject, m, None))]
             if missing:

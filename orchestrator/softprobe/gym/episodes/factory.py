@@ -45,7 +45,7 @@ def create_host_environment(
     run_root: str | Path,
     seed_root: str | Path | None = None,
     image: str = _UNSET,
-    capabilities: Capabilities | dict[str, bool] | None = None,
+    capabilities: Capabilities | dict[str, bool | str] | None = None,
     on_step: OnStepHook | None = None,
     subject: Any = None,
     container: ContainerSettings | dict[str, Any] | None = None,

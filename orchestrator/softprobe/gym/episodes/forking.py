@@ -24,6 +24,7 @@ from softprobe.gym.episodes.admission import Admission
 from softprobe.gym.episodes.checkpoints import Checkpoint, CheckpointRegistry, maybe_await
 from softprobe.gym.episodes.registry import Episode, EpisodeRegistry
 from softprobe.gym.errors import (
+    ForkManyError,
     ForkRequestError,
     ForkVerificationError,
     ReplayDivergenceError,
@@ -181,6 +182,70 @@ class Forker:
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
 
+    async def fork_many(
+        self,
+        parent: Episode,
+        n: object,
+        path: str,
+        checkpoint_id: str | None,
+        prefix_length: int | None,
+        child_episode_ids: list[str] | None,
+        strict: bool,
+    ) -> list[ForkResult]:
+        """See :meth:`HostEnvironment.fork_many`."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ForkRequestError(f"fork_many needs n= a positive int (how many children), got {n!r}")
+        if child_episode_ids is not None and (
+            not isinstance(child_episode_ids, list) or len(child_episode_ids) != n
+            or len(set(child_episode_ids)) != n
+        ):
+            raise ForkRequestError(f"child_episode_ids must be a list of {n} distinct ids, got {child_episode_ids!r}")
+        # Every refusal before any child exists: the path, the parent's state, the arguments.
+        fork_path = check_fork_path(path, self._registry.config.capabilities)
+        parent.require("fork")
+        if fork_path is ForkPath.CHECKPOINT_IMPORT:
+            if prefix_length is not None:
+                raise ForkRequestError("checkpoint_import takes checkpoint_id, not prefix_length")
+            self._checkpoints.of(parent, checkpoint_id)
+        else:
+            if checkpoint_id is not None:
+                raise ForkRequestError("prefix_reexecution takes prefix_length, not checkpoint_id")
+            check_prefix_length(prefix_length, len(parent.steps))
+        limit = self._registry.config.max_containers
+        if limit is not None and n + int(parent.holds_slot) > limit:
+            raise ForkRequestError(
+                f"fork_many of {n} children needs {n} sandboxes at once, and max_containers={limit} "
+                f"({'one held by the parent' if parent.holds_slot else 'none held by the parent'}) cannot hold "
+                "them: ask for fewer children, or raise max_containers"
+            )
+        ids: list[str | None] = list(child_episode_ids) if child_episode_ids else [None] * n
+        # All children at once: their sandboxes start (or come from the pool) concurrently, and a
+        # prefix is replayed in each from the parent's tape entries, shared (never re-recorded).
+        outcomes = await asyncio.gather(
+            *(self.fork(parent, path, checkpoint_id, prefix_length, child_id, strict) for child_id in ids),
+            return_exceptions=True,
+        )
+        failures = {index: outcome for index, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)}
+        if not failures:
+            return [outcome for outcome in outcomes if isinstance(outcome, ForkResult)]
+        created = [outcome for outcome in outcomes if isinstance(outcome, ForkResult)]
+        # All or nothing: a group with a hole in it is not the group asked for.
+        await asyncio.shield(asyncio.gather(
+            *(self._host.destroy(episode_id=child.episode_id, cleanup=True) for child in created),
+            return_exceptions=True,
+        ))
+        for child in created:
+            self._registry.forget(child.episode_id)
+        cancelled = [f for f in failures.values() if isinstance(f, asyncio.CancelledError)]
+        if cancelled and len(cancelled) == len(failures):
+            raise cancelled[0]
+        described = "; ".join(f"child {index}: {type(err).__name__}: {err}" for index, err in sorted(failures.items()))
+        raise ForkManyError(
+            f"fork_many of {parent.episode_id!r}: {len(failures)} of {n} children failed ({described}). The "
+            f"{len(created)} children created were destroyed again: nothing of the group is left.",
+            failures=failures, cancelled=len(created),
+        ) from next(iter(failures.values()))
+
     async def _import_checkpoint(self, parent: Episode, child: Episode, entry: Checkpoint) -> ForkLineage:
         record = entry.record
         async with child.lock:
@@ -190,10 +255,12 @@ class Forker:
                 await self._admission.drop(child, release=True)
                 child.require_not_destroyed("fork")
             if runtime.hello.workspace_digest != record.workspace_digest:
+                why = ("the restored archive is not the workspace it was taken from (was the episode's "
+                       "checkpoints/ folder changed?)" if entry.workspace is not None else
+                       "the checkpoint did not capture the workspace (is it on a volume or tmpfs?)")
                 raise ForkVerificationError(
                     f"checkpoint {record.checkpoint_id} came back with workspace digest "
-                    f"{runtime.hello.workspace_digest}, not {record.workspace_digest}: the "
-                    "checkpoint did not capture the workspace (is it on a volume or tmpfs?)"
+                    f"{runtime.hello.workspace_digest}, not {record.workspace_digest}: {why}"
                 )
             try:
                 await maybe_await(self._subject.import_state(child.episode_id, record.subject_state))

@@ -236,7 +236,8 @@ class HostEnvironment:
         return await self._stepper.step(self._registry.get(episode_id), action, score=score, refused=refused)
 
     async def checkpoint(self, *, episode_id: str) -> CheckpointRecord:
-        """Commit the episode's sandbox for a later fork; see :meth:`Host.checkpoint`."""
+        """Commit the episode's sandbox (or archive its workspace, with
+        ``checkpoint_scope="workspace"``) for a later fork; see :meth:`Host.checkpoint`."""
         episode = self._registry.get(episode_id)
         if not self.capabilities.environment_checkpoint:
             raise CapabilityError(
@@ -268,6 +269,21 @@ class HostEnvironment:
         """Branch a child episode by one of the two legal paths; see :meth:`Host.fork`."""
         parent = self._registry.get(episode_id)
         return await self._forker.fork(parent, path, checkpoint_id, prefix_length, child_episode_id, strict)
+
+    async def fork_many(
+        self,
+        *,
+        episode_id: str,
+        n: int,
+        path: str,
+        checkpoint_id: str | None = None,
+        prefix_length: int | None = None,
+        child_episode_ids: list[str] | None = None,
+        strict: bool = False,
+    ) -> list[ForkResult]:
+        """Branch ``n`` children off one branch point at once; see :meth:`Host.fork_many`."""
+        parent = self._registry.get(episode_id)
+        return await self._forker.fork_many(parent, n, path, checkpoint_id, prefix_length, child_episode_ids, strict)
 
     async def finalize(self, *, episode_id: str) -> FinalizeResult:
         """Seal the episode and collect its records; see :meth:`Host.finalize`."""

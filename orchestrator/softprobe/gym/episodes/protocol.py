@@ -128,6 +128,14 @@ class Host(Protocol):
         included), not process memory, volumes or tmpfs mounts. At most
         ``checkpoint_budget_bytes`` of filesystem changes are committed.
 
+        With the capability ``checkpoint_scope="workspace"`` only ``/workspace`` is captured,
+        through the shim, as content-addressed blobs in the episode's folder
+        (``checkpoints/blobs/<sha256>``, deduplicated across its checkpoints; the budget counts
+        the new blobs); a fork restores it into a warm pooled (or fresh) sandbox. Honest only
+        when the world is ``/workspace``: files elsewhere, installed packages and services'
+        state are not kept. ``WorkspaceCheckpointError``: the workspace holds a FIFO, socket,
+        device, hard link or non-UTF-8 name (nothing stored).
+
         Raises:
             CapabilityError: ``environment_checkpoint`` was not declared (nothing is committed).
             CheckpointTooLargeError: the changes exceed ``checkpoint_budget_bytes`` (nothing is
@@ -178,6 +186,43 @@ class Host(Protocol):
                 destroyed); ForkVerificationError: a checkpoint's world did not come back whole;
                 SubjectStateError: ``subject.import_state`` raised (the child is destroyed).
             LifecycleError / EpisodeNotFoundError / EpisodeExistsError: as usual.
+        """
+        ...
+
+    async def fork_many(
+        self,
+        *,
+        episode_id: str,
+        n: int,
+        path: str,
+        checkpoint_id: str | None = None,
+        prefix_length: int | None = None,
+        child_episode_ids: list[str] | None = None,
+        strict: bool = False,
+    ) -> list[ForkResult]:
+        """Branch ``n`` children off one branch point, concurrently (a GRPO group, a tree
+        search's expansion): each as :meth:`fork` would, on the same path and arguments.
+
+        The children's sandboxes start (or come from the warm pool) at the same time; on
+        ``prefix_reexecution`` each replays the prefix from the parent's tape entries (shared);
+        on ``checkpoint_import`` each restores the same checkpoint. Every refusal (path,
+        capabilities, arguments, ``max_containers`` too small for ``n`` children) happens before
+        any child exists.
+
+        All or nothing: if any child fails, every child created is destroyed again (its folder
+        removed, its id free) and :class:`ForkManyError` says which children failed and why.
+
+        Args:
+            n: how many children (>= 1).
+            child_episode_ids: their ids (``n`` distinct ones); generated if omitted.
+
+        Returns:
+            the children's :class:`ForkResult`, in order.
+
+        Raises:
+            ForkManyError: some children failed (``failures``: index -> error); none is left.
+            UnsupportedForkError / ForkRequestError / LifecycleError / EpisodeNotFoundError:
+                as for :meth:`fork`, before any child is created.
         """
         ...
 

@@ -332,6 +332,15 @@ class DistributedHost:
         self._owner[child.episode_id] = node
         return child
 
+    async def fork_many(self, *, episode_id: str, **kwargs: Any) -> list[ForkResult]:
+        """See :meth:`Host.fork_many`: the children stay on the parent's node; also NodeLostError."""
+        children: list[ForkResult] = await self._route("fork_many", episode_id, **kwargs)
+        node = self._owner[episode_id]
+        for child in children:
+            node.episodes.add(child.episode_id)
+            self._owner[child.episode_id] = node
+        return children
+
     async def destroy(self, *, episode_id: str, cleanup: bool = False) -> None:
         """See :meth:`Host.destroy`; also NodeLostError."""
         await self._route("destroy", episode_id, cleanup=cleanup)

@@ -17,6 +17,9 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
     {"id": 6, "op": "export_changes", "max_bytes": 8388608}   (what the last call changed, for a tape)
     {"id": 7, "op": "apply_changes", "changes": [{"path": "a.txt", "kind": "file", "mode": 420, "data": "..."}]}
     {"id": 8, "op": "episode_env", "clock_start": 1700000000, "random_seed": 42}
+    {"id": 9, "op": "workspace_snapshot", "known": ["<sha256>", ...], "max_bytes": 1048576}
+    {"id": 10, "op": "workspace_restore", "changes": [...an apply_changes set...]}
+    (host-only: a workspace checkpoint taken and restored; see ``Shim.workspace_snapshot``)
     (host-only, once, before any call: the clock every started program begins at, through the
     preloaded time shim the hello lists as the capability "time_shim", and the random seed; see
     ``Shim.set_episode_env``)
@@ -1194,6 +1197,10 @@ class Shim:
             return self.apply_changes(request)
         if op == "episode_env":
             return self.set_episode_env(request)
+        if op == "workspace_snapshot":
+            return self.workspace_snapshot(request)
+        if op == "workspace_restore":
+            return self.workspace_restore(request)
         raise ProtocolError("unknown op %r" % (op,))
 
     def full_scan(self) -> list[bytes]:
@@ -1908,6 +1915,86 @@ class Shim:
         if failure is not None:
             result["error"] = {"type": "change_set_failed", "message": failure}
         return result
+    # -- workspace checkpoints (checkpoint_scope="workspace") ---------------------------------
+
+    def workspace_snapshot(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The whole workspace as a manifest of ``[path, kind, mode, sha256 or link target]``
+        (parents before children) and the content of every file whose sha256 is not in
+        ``known`` (the host's blobs of this episode), after every process but the shim is gone
+        and a full scan (the digest describes exactly what is listed).
+
+        What a manifest cannot carry faithfully is refused (``workspace_unsupported``): a name
+        or link target that is not UTF-8, a file with several hard links, a FIFO/socket/device,
+        an unreadable file; new content over ``max_bytes`` is ``over_budget``.
+        """
+        import base64
+
+        known = request.get("known")
+        known_set = set(known) if isinstance(known, list) else set()
+        max_bytes = int(_bounded_number(request.get("max_bytes"), 1 << 40, 1 << 62))
+        clear_processes()
+        self.full_scan()
+        root = os.fsencode(self.workspace)
+        manifest: list[list[Any]] = []
+        blobs: dict[str, str] = {}
+        sent = 0
+        for rel in sorted(self.index.entries):
+            kind, mode, content = self.index.entries[rel]
+            try:
+                path = rel.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ToolError("workspace_unsupported", "%r is not a UTF-8 name" % printable(rel)) from None
+            if kind == "d":
+                manifest.append([path, "dir", mode, ""])
+            elif kind == "l":
+                try:
+                    target = os.readlink(os.path.join(root, rel)).decode("utf-8")
+                except (OSError, UnicodeDecodeError):
+                    raise ToolError("workspace_unsupported", "link %r cannot be read as UTF-8" % path) from None
+                manifest.append([path, "symlink", 0, target])
+            elif kind == "f" and len(content) == 64:  # a plain sha256: one link, readable
+                manifest.append([path, "file", mode, content])
+                if content in known_set or content in blobs:
+                    continue
+                try:
+                    fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                    with os.fdopen(fd, "rb") as f:
+                        data = f.read()
+                except OSError as err:
+                    raise ToolError("workspace_unsupported", "%r cannot be read: %s" % (path, err)) from None
+                if hashlib.sha256(data).hexdigest() != content:
+                    raise ToolError("workspace_unsupported", "%r changed while it was read" % path)
+                sent += len(data)
+                if sent > max_bytes:
+                    raise ToolError("over_budget", "the workspace's new content exceeds %d bytes (at %r)"
+                                    % (max_bytes, path))
+                blobs[content] = base64.b64encode(data).decode("ascii")
+            else:
+                what = "has several hard links" if ":links=" in content else (
+                    "cannot be read" if content.startswith("unreadable:") else "is not a file, folder or link")
+                raise ToolError("workspace_unsupported", "%r %s" % (path, what))
+        return {"workspace_digest": self.index.digest, "entries": manifest, "blobs": blobs, "bytes": sent}
+
+    def workspace_restore(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Make the workspace exactly a snapshot's: empty it, then write the given change set
+        (``workspace_snapshot``'s manifest with each file's data), acting as the agent; the set
+        is checked as an ``apply_changes`` one (refused before anything is written). Returns
+        the hello (its ``workspace_digest`` from a full scan); the host compares it with the
+        checkpoint's."""
+        entries = _checked_change_set(request.get("changes"))
+        if self.served_call:
+            raise ProtocolError("workspace_restore comes before any call")
+        with self.identity.acting_as_agent():
+            root_fd = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                for name in os.listdir(root_fd):
+                    _remove_at(root_fd, os.fsencode(name))
+            finally:
+                os.close(root_fd)
+            _apply_change_set(self.workspace, entries)
+        self.full_scan()
+        return self.hello()
+
     # -- the episode's clock and seed --------------------------------------------------------
 
     def set_episode_env(self, request: dict[str, Any]) -> dict[str, Any]:

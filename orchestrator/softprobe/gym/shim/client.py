@@ -30,6 +30,9 @@ from softprobe.gym.shim.protocol import (
     SeedRequest,
     ShimRequest,
     ShimResponse,
+    WorkspaceRestoreRequest,
+    WorkspaceSnapshotRequest,
+    WorkspaceSnapshotResult,
 )
 from softprobe.gym.text import readable
 
@@ -147,6 +150,17 @@ class ShimClient:
         ``change_set_refused``), nothing changed."""
         result = await self._request(ApplyChangesRequest(changes=changes), RESPONSE_GRACE_S + 60)
         return _validated(ApplyChangesResult, result, "apply_changes")
+
+    async def workspace_snapshot(self, *, known: list[str], max_bytes: int) -> WorkspaceSnapshotResult:
+        """The workspace's manifest and its files new to the host (see ``WorkspaceSnapshotRequest``);
+        ShimRefusedError (``workspace_unsupported``, ``over_budget``) when it cannot be taken."""
+        result = await self._request(WorkspaceSnapshotRequest(known=known, max_bytes=max_bytes), RESPONSE_GRACE_S + 120)
+        return _validated(WorkspaceSnapshotResult, result, "workspace_snapshot")
+
+    async def workspace_restore(self, changes: list[dict[str, Any]]) -> HelloResult:
+        """Make the workspace exactly ``changes`` (see ``WorkspaceRestoreRequest``); the new hello."""
+        result = await self._request(WorkspaceRestoreRequest(changes=changes), RESPONSE_GRACE_S + 120)
+        return _validated(HelloResult, result, "workspace_restore")
 
     def close(self) -> None:
         self._channel.close()

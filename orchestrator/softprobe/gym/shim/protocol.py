@@ -125,10 +125,36 @@ class ApplyChangesResult(BaseModel):
     error: StepError | None = None
 
 
+class WorkspaceSnapshotRequest(_Request):
+    """The whole workspace as a manifest, with the content of files whose sha256 the host does
+    not hold yet (``known``); at most ``max_bytes`` of new content (host-only)."""
+
+    op: Literal["workspace_snapshot"] = "workspace_snapshot"
+    known: list[str]
+    max_bytes: int
+
+
+class WorkspaceSnapshotResult(BaseModel):
+    """``entries``: ``[path, kind ("dir" | "file" | "symlink"), mode, sha256 or link target]``,
+    parents first; ``blobs``: sha256 -> base64 content of the files new to the host."""
+
+    workspace_digest: str
+    entries: list[tuple[str, Literal["dir", "file", "symlink"], int, str]]
+    blobs: dict[str, str]
+    bytes: int
+
+
+class WorkspaceRestoreRequest(_Request):
+    """Empty the workspace, then write ``changes`` (an apply_changes set), before any call."""
+
+    op: Literal["workspace_restore"] = "workspace_restore"
+    changes: list[dict[str, Any]]
+
+
 ShimRequest = (
     HelloRequest | CallRequest | ExistsRequest | ReadTextRequest | SeedRequest | OverlayRequest | RescanRequest
     | ExportChangesRequest | ApplyChangesRequest
-    | EpisodeEnvRequest
+    | EpisodeEnvRequest | WorkspaceSnapshotRequest | WorkspaceRestoreRequest
 )
 
 

@@ -18,7 +18,13 @@ from softprobe.gym.providers.base import WORKSPACE, Provider, Sandbox, SandboxSp
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.shim import SHIM_SHA256
 from softprobe.gym.shim.client import ShimClient, ShimRefusedError
-from softprobe.gym.shim.protocol import ApplyChangesResult, CallResult, ExportChangesResult, HelloResult
+from softprobe.gym.shim.protocol import (
+    ApplyChangesResult,
+    CallResult,
+    ExportChangesResult,
+    HelloResult,
+    WorkspaceSnapshotResult,
+)
 from softprobe.gym.worlds import ToolOverlay
 
 #: What an overlay request carries: manifest entries by tool name, the files as a tar, and the
@@ -208,6 +214,32 @@ class Runtime:
             SandboxLostError: as for :meth:`call_tool`.
         """
         return (await self._client.rescan()).workspace_digest
+
+    async def workspace_snapshot(self, *, known: list[str], max_bytes: int) -> WorkspaceSnapshotResult:
+        """The workspace's manifest and the files whose sha256 is not in ``known`` (after every
+        process but the shim is gone and a full scan).
+
+        Raises:
+            ShimRefusedError: ``workspace_unsupported`` (a special file, a hard link, a name that
+                is not UTF-8) or ``over_budget``.
+            SandboxLostError: as for :meth:`call_tool`.
+        """
+        try:
+            return await self._client.workspace_snapshot(known=known, max_bytes=max_bytes)
+        except SandboxLostError as err:
+            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+
+    async def workspace_restore(self, changes: list[dict[str, Any]]) -> HelloResult:
+        """Make the workspace exactly ``changes`` (an apply_changes set); returns the new hello.
+
+        Raises:
+            ShimRefusedError: the set was refused; SandboxLostError: as for :meth:`call_tool`.
+        """
+        try:
+            self.hello = await self._client.workspace_restore(changes)
+        except SandboxLostError as err:
+            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+        return self.hello
 
     async def exists(self, path: str) -> bool:
         """Whether ``path`` (relative to the workspace) exists. Raises SandboxLostError."""

@@ -1,0 +1,199 @@
+"""Workspace checkpoints (``checkpoint_scope="workspace"``): ``/workspace`` archived through the
+shim as content-addressed blobs, and restored into a warm pooled or fresh sandbox.
+
+Honest only when the world *is* ``/workspace``: files elsewhere in the sandbox, packages
+installed during the episode and the state of services are not kept (a host refuses the scope
+for a world with services); processes are never kept by any checkpoint.
+
+Layout in the episode's folder::
+
+    checkpoints/blobs/<sha256>              one file per distinct content (shared by checkpoints)
+    checkpoints/<checkpoint_id>.manifest.json  [path, kind, mode, sha256 or link target] entries
+
+A checkpoint asks the shim only for the files whose sha256 this episode's store does not hold
+yet, so a second checkpoint of a barely changed workspace moves (and stores) barely anything;
+``checkpoint_budget_bytes`` counts those new blobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from softprobe.gym.errors import CheckpointTooLargeError, WorkspaceCheckpointError
+from softprobe.gym.shim.client import ShimRefusedError
+from softprobe.gym.shim.protocol import WorkspaceSnapshotResult
+from softprobe.gym.shim.runtime import Runtime
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: A manifest entry: path (relative to the workspace), kind, permission bits, sha256 or target.
+ManifestEntry = tuple[str, str, int, str]
+
+
+@dataclass(frozen=True)
+class WorkspaceSnapshot:
+    """One workspace checkpoint: its manifest and the store holding its blobs."""
+
+    entries: tuple[ManifestEntry, ...]
+    store: BlobStore
+    workspace_digest: str
+    blobs_added: int
+    bytes_added: int
+
+    def change_set(self) -> list[dict[str, Any]]:
+        """The manifest as an ``apply_changes`` set with every file's data (blocking: reads blobs)."""
+        cache: dict[str, str] = {}
+        changes: list[dict[str, Any]] = []
+        for path, kind, mode, value in self.entries:
+            if kind == "dir":
+                changes.append({"path": path, "kind": "dir", "mode": mode})
+            elif kind == "symlink":
+                changes.append({"path": path, "kind": "symlink", "target": value})
+            else:
+                data = cache.get(value)
+                if data is None:
+                    data = cache[value] = base64.b64encode(self.store.read(value)).decode("ascii")
+                changes.append({"path": path, "kind": "file", "mode": mode, "data": data})
+        return changes
+
+
+class BlobStore:
+    """The blobs of one episode's workspace checkpoints, named by their sha256."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.blobs = folder / "blobs"
+        self._known: set[str] | None = None
+
+    def known(self) -> set[str]:
+        """The sha256 of every blob held (listed once, then kept up to date)."""
+        if self._known is None:
+            try:
+                self._known = {name for name in os.listdir(self.blobs) if _SHA256.match(name)}
+            except FileNotFoundError:
+                self._known = set()
+        return self._known
+
+    def count(self) -> int:
+        """How many blobs are held."""
+        return len(self.known())
+
+    def add(self, blobs: dict[str, bytes]) -> None:
+        """Write blobs not held yet (each checked against its name; blocking)."""
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        known = self.known()
+        for sha, data in blobs.items():
+            if sha in known:
+                continue
+            tmp = self.blobs / f".{sha}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, self.blobs / sha)
+            known.add(sha)
+
+    def read(self, sha: str) -> bytes:
+        """A blob's content, checked against its name.
+
+        Raises:
+            WorkspaceCheckpointError: the blob is missing or its content changed on disk.
+        """
+        try:
+            data = (self.blobs / sha).read_bytes()
+        except OSError as err:
+            raise WorkspaceCheckpointError(
+                f"blob {sha[:12]} of a workspace checkpoint cannot be read ({err}); was the episode's "
+                f"folder {self.folder.parent} changed or deleted?"
+            ) from None
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise WorkspaceCheckpointError(
+                f"blob {sha[:12]} in {self.blobs} does not hold what its name says: the checkpoint store was "
+                "changed on disk; take a new checkpoint"
+            )
+        return data
+
+    def write_manifest(self, checkpoint_id: str, entries: tuple[ManifestEntry, ...], digest: str) -> None:
+        """Record a checkpoint's manifest beside its record (blocking)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{checkpoint_id}.manifest.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"workspace_digest": digest, "entries": entries}), encoding="utf-8")
+        os.replace(tmp, path)
+
+
+async def take_workspace_snapshot(
+    runtime: Runtime, store: BlobStore, checkpoint_id: str, *, budget_bytes: int | None
+) -> WorkspaceSnapshot:
+    """Archive ``runtime``'s workspace into ``store`` (only content it does not hold yet).
+
+    Raises:
+        CheckpointTooLargeError: the new content exceeds ``budget_bytes`` (nothing is stored).
+        WorkspaceCheckpointError: the workspace holds what the archive cannot carry, or the
+            shim sent content that does not match its sha256 (nothing is stored).
+        SandboxLostError: the sandbox died.
+    """
+    known = sorted(store.known())
+    limit = 1 << 62 if budget_bytes is None else max(budget_bytes, 1)
+    try:
+        snapshot = await runtime.workspace_snapshot(known=known, max_bytes=limit)
+    except ShimRefusedError as err:
+        if err.kind == "over_budget":
+            raise CheckpointTooLargeError(
+                f"the workspace's new content exceeds checkpoint_budget_bytes={budget_bytes} ({err.detail}); "
+                "nothing was stored and the episode goes on. Delete large files first, or raise the budget.",
+                size_bytes=limit + 1, budget_bytes=budget_bytes or 0,
+            ) from None
+        raise WorkspaceCheckpointError(
+            f"the workspace cannot be checkpointed: {err.detail}. Nothing was stored and the episode goes "
+            "on; remove it, or use checkpoint_scope='container'."
+        ) from None
+    if budget_bytes is not None and snapshot.bytes > budget_bytes:
+        raise CheckpointTooLargeError(
+            f"the workspace's new content is {snapshot.bytes} bytes, over checkpoint_budget_bytes={budget_bytes}; "
+            "nothing was stored and the episode goes on",
+            size_bytes=snapshot.bytes, budget_bytes=budget_bytes,
+        )
+    entries, blobs = _checked(snapshot, store.known())
+    await asyncio.to_thread(_store, store, checkpoint_id, entries, blobs, snapshot.workspace_digest)
+    return WorkspaceSnapshot(entries, store, snapshot.workspace_digest, len(blobs), sum(map(len, blobs.values())))
+
+
+def _store(
+    store: BlobStore, checkpoint_id: str, entries: tuple[ManifestEntry, ...], blobs: dict[str, bytes], digest: str
+) -> None:
+    store.add(blobs)
+    store.write_manifest(checkpoint_id, entries, digest)
+
+
+def _checked(
+    snapshot: WorkspaceSnapshotResult, known: set[str]
+) -> tuple[tuple[ManifestEntry, ...], dict[str, bytes]]:
+    """The manifest and decoded blobs of the shim's reply, checked: the container is not trusted
+    to name blobs (names become file names) or to send content matching its name."""
+    blobs: dict[str, bytes] = {}
+    for sha, text in snapshot.blobs.items():
+        try:
+            data = base64.b64decode(text, validate=True) if _SHA256.match(sha) else None
+        except ValueError:
+            data = None
+        if data is None or hashlib.sha256(data).hexdigest() != sha:
+            raise WorkspaceCheckpointError(
+                f"the shim sent workspace content that does not match its name {sha[:16]!r}; nothing was stored"
+            )
+        blobs[sha] = data
+    entries = tuple((path, kind, mode, value) for path, kind, mode, value in snapshot.entries)
+    for path, kind, _mode, value in entries:
+        if kind == "file" and value not in blobs and value not in known:
+            raise WorkspaceCheckpointError(
+                f"the shim's manifest names content {value[:16]!r} for {path!r} that it neither sent nor the "
+                "store holds; nothing was stored"
+            )
+    return entries, blobs
+
+
+__all__ = ["BlobStore", "ManifestEntry", "WorkspaceSnapshot", "take_workspace_snapshot"]

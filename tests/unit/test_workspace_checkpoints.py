@@ -1,0 +1,158 @@
+"""Workspace checkpoints (``checkpoint_scope="workspace"``): /workspace archived through the shim
+as content-addressed blobs, deduplicated across an episode's checkpoints, restored into a warm
+pooled or fresh sandbox and verified by digest (on the local provider)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import local_objects, ready, tool
+
+from softprobe.gym import (
+    CheckpointTooLargeError,
+    ConfigurationError,
+    ForkVerificationError,
+    HostConfig,
+    create_host_environment,
+)
+from softprobe.gym.errors import WorkspaceCheckpointError
+from softprobe.gym.worlds import NetworkPolicy, ServiceSpec, World
+
+WORKSPACE = {"environment_checkpoint": True, "subject_state_import": False,
+             "deterministic_prefix_reexecution": True, "checkpoint_scope": "workspace"}
+
+
+class NoSubject:
+    def export_state(self, episode_id: str) -> None:
+        return None
+
+    def import_state(self, episode_id: str, state: object) -> None:
+        return None
+
+
+def host_of(tmp_path, seed_root, provider, **options):  # type: ignore[no-untyped-def]
+    caps = {**WORKSPACE, "subject_state_import": True}
+    return create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=provider,
+                                   capabilities=caps, subject=NoSubject(), **options)
+
+
+def blobs(host, episode_id: str) -> list[str]:  # type: ignore[no-untyped-def]
+    folder = host.run_root / "episodes" / episode_id / "checkpoints" / "blobs"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+async def test_checkpoint_restores_the_workspace_and_dedups_blobs(tmp_path, seed_root, local_provider):
+    async with host_of(tmp_path, seed_root, local_provider, pool_size=1) as host:
+        await ready(host)
+        await host.step(episode_id="ep-1", action=tool("fs.write", path="big.bin", content="x" * 50000))
+        await host.step(episode_id="ep-1", action=tool("shell.exec", command="mkdir -p d/e && ln -s ../../big.bin d/e/l"))
+        first = await host.checkpoint(episode_id="ep-1")
+        assert first.scope == "workspace" and first.image_id is None
+        assert first.blobs_added == len(blobs(host, "ep-1")) and first.bytes_added >= 50000
+        # No image: the local provider holds only the episode's sandbox (and the pool's).
+        assert local_objects(local_provider, host)[1] == []
+        manifest = json.loads((host.run_root / "episodes/ep-1/checkpoints" / f"{first.checkpoint_id}.manifest.json")
+                              .read_text())
+        assert manifest["workspace_digest"] == first.workspace_digest
+        assert ["d/e/l", "symlink", 0, "../../big.bin"] in manifest["entries"]
+
+        await host.step(episode_id="ep-1", action=tool("fs.write", path="small.txt", content="changed"))
+        held = len(blobs(host, "ep-1"))
+        second = await host.checkpoint(episode_id="ep-1")
+        assert second.blobs_added == 1 and len(blobs(host, "ep-1")) == held + 1  # only the new file
+        assert second.bytes_added == len("changed")
+
+        await host.warm_up()
+        pooled = {runtime.sandbox_id for runtime in host.pool._ready}
+        child = await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=first.checkpoint_id)
+        assert child.lineage.workspace_digest == first.workspace_digest
+        assert host.runtime_of(episode_id=child.episode_id).sandbox_id in pooled  # restored into a warm one
+        read = await host.step(episode_id=child.episode_id, action=tool("fs.read", path="small.txt"))
+        assert read.error.type == "not_found"  # the first checkpoint's world: written after it
+        assert len(host.trajectory(episode_id=child.episode_id)) == first.step_index + 1
+        gone = await host.step(episode_id=child.episode_id, action=tool("fs.read", path="d/e/l"))
+        assert gone.error is None and "x" * 100 in str(gone.observation)
+    assert local_objects(local_provider, host) == ([], [])
+
+
+async def test_restore_into_a_cold_sandbox_and_the_digest_is_checked(tmp_path, seed_root, local_provider):
+    async with host_of(tmp_path, seed_root, local_provider) as host:  # no pool: started cold
+        await ready(host)
+        await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="one"))
+        record = await host.checkpoint(episode_id="ep-1")
+        child = await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
+        assert (await host.step(episode_id=child.episode_id, action=tool("fs.read", path="a.txt"))).observation
+        # A blob changed on disk is caught before anything is restored.
+        (blob,) = [b for b in blobs(host, "ep-1") if (host.run_root / "episodes/ep-1/checkpoints/blobs" / b)
+                   .read_bytes() == b"one"]
+        (host.run_root / "episodes/ep-1/checkpoints/blobs" / blob).write_bytes(b"two")
+        with pytest.raises(WorkspaceCheckpointError, match="does not hold what its name says"):
+            await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id,
+                            child_episode_id="bad")
+        assert "bad" not in [e.name for e in (host.run_root / "episodes").iterdir()]
+
+
+async def test_a_tampered_manifest_fails_verification(tmp_path, seed_root, local_provider):
+    async with host_of(tmp_path, seed_root, local_provider) as host:
+        await ready(host)
+        await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="one"))
+        record = await host.checkpoint(episode_id="ep-1")
+        entry = host._checkpoints._entries[record.checkpoint_id]
+        entries = tuple((p, k, 0o600 if k == "file" else m, v) for p, k, m, v in entry.workspace.entries)
+        entry.workspace = type(entry.workspace)(entries, entry.workspace.store, entry.workspace.workspace_digest, 0, 0)
+        with pytest.raises(ForkVerificationError, match="restored archive is not the workspace"):
+            await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
+    assert local_objects(local_provider, host) == ([], [])
+
+
+async def test_budget_counts_new_blobs_only(tmp_path, seed_root, local_provider):
+    async with host_of(tmp_path, seed_root, local_provider, checkpoint_budget_bytes=20000) as host:
+        await ready(host)
+        await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="y" * 15000))
+        await host.checkpoint(episode_id="ep-1")
+        await host.step(episode_id="ep-1", action=tool("fs.write", path="b.txt", content="z" * 15000))
+        second = await host.checkpoint(episode_id="ep-1")  # 15000 new bytes: within budget
+        assert second.bytes_added == 15000
+        await host.step(episode_id="ep-1", action=tool("fs.write", path="c.txt", content="w" * 25000))
+        held = blobs(host, "ep-1")
+        with pytest.raises(CheckpointTooLargeError):
+            await host.checkpoint(episode_id="ep-1")
+        assert blobs(host, "ep-1") == held  # nothing stored
+        step = await host.step(episode_id="ep-1", action=tool("fs.read", path="a.txt"))  # the episode goes on
+        assert step.error is None
+
+
+async def test_what_an_archive_cannot_carry_is_refused(tmp_path, seed_root, local_provider):
+    async with host_of(tmp_path, seed_root, local_provider) as host:
+        await ready(host)
+        await host.step(episode_id="ep-1", action=tool("shell.exec", command="mkfifo pipe"))
+        with pytest.raises(WorkspaceCheckpointError, match="pipe"):
+            await host.checkpoint(episode_id="ep-1")
+        await host.step(episode_id="ep-1", action=tool("shell.exec", command="rm pipe && echo a > f && ln f g"))
+        with pytest.raises(WorkspaceCheckpointError, match="hard links"):
+            await host.checkpoint(episode_id="ep-1")
+
+
+async def test_tape_cursor_and_clock_travel_with_a_workspace_checkpoint(tmp_path, seed_root, local_provider):
+    tape = tmp_path / "tape"
+    async with host_of(tmp_path, seed_root, local_provider, tape_mode="record", tape=tape, random_seed=7) as host:
+        await ready(host)
+        await host.step(episode_id="ep-1", action=tool("shell.exec", command="echo $SOFTPROBE_RANDOM_SEED > s"))
+        record = await host.checkpoint(episode_id="ep-1")
+        assert record.tape_cursor is not None
+        child = await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
+        step = await host.step(episode_id=child.episode_id, action=tool("shell.exec", command="echo $SOFTPROBE_RANDOM_SEED"))
+        assert "7" in str(step.observation)
+
+
+def test_refused_for_a_world_with_services(tmp_path):
+    world = World(services=(ServiceSpec(name="billing", image="softprobe/billing-service:latest"),),
+                  network=NetworkPolicy(mode="services"))
+    with pytest.raises(ConfigurationError, match="checkpoint_scope='workspace'.*services.*billing"):
+        HostConfig.parse(run_root=tmp_path / "run", capabilities=WORKSPACE, world=world)
+
+
+def test_unknown_scope_is_refused(tmp_path):
+    with pytest.raises(ConfigurationError, match="checkpoint_scope"):
+        create_host_environment(run_root=tmp_path / "run", capabilities={**WORKSPACE, "checkpoint_scope": "disk"})
