@@ -23,6 +23,7 @@ from softprobe.gym.errors import (
     EpisodeBrokenError,
     EpisodeExistsError,
     EpisodeNotFoundError,
+    ForkManyError,
     ForkRequestError,
     ForkVerificationError,
     GymError,
@@ -44,6 +45,7 @@ from softprobe.gym.errors import (
     TapeError,
     UnsafeArchiveError,
     UnsupportedForkError,
+    WorkspaceCheckpointError,
 )
 from softprobe.gym.providers.base import Provider
 from softprobe.gym.results import (
@@ -102,6 +104,7 @@ __all__ = [
     "Facts",
     "FinalizeResult",
     "ForkLineage",
+    "ForkManyError",
     "ForkRequestError",
     "ForkResult",
     "ForkVerificationError",
@@ -162,5 +165,6 @@ __all__ = [
     "TrajectoryStep",
     "UnsafeArchiveError",
     "UnsupportedForkError",
+    "WorkspaceCheckpointError",
     "World",
 ]
