@@ -35,6 +35,7 @@ from softprobe.gym.errors import (
     ConfigurationError,
     EpisodeExistsError,
     EpisodeNotFoundError,
+    LifecycleError,
     SandboxError,
     SandboxLostError,
 )
@@ -278,7 +279,7 @@ class ShardedHost:
 
     async def _call(self, worker: _Worker, operation: str, **kwargs: Any) -> Any:
         if self._closed:
-            raise SandboxError("this sharded host is closed; create a new one")
+            raise LifecycleError("*", "closed", "use", "this host is closed; create a new one")
         if worker.gone is not None:
             raise SandboxLostError(f"{worker.gone}; its episodes are lost")
         call_id = next(self._ids)
@@ -296,6 +297,8 @@ class ShardedHost:
         return _unwrap(await future)
 
     def _worker(self, episode_id: str) -> _Worker:
+        if self._closed:
+            raise LifecycleError("*", "closed", "use", "this host is closed; create a new one")
         worker = self._placement.get(episode_id)
         if worker is None:
             raise EpisodeNotFoundError(episode_id)
