@@ -93,11 +93,22 @@ async def _serve(conn: Connection, options: dict[str, Any]) -> None:
     try:
         host = create_host_environment(**options, **({"provider": provider} if provider is not None else {}))
     except BaseException as err:
-        conn.send_bytes(pickle.dumps((0, _error_message(err))))
+        conn.send_bytes(pickle.dumps([(0, _error_message(err))]))
         return
-    conn.send_bytes(pickle.dumps((0, pickle.dumps(("ok", host.capabilities)))))
+    conn.send_bytes(pickle.dumps([(0, pickle.dumps(("ok", host.capabilities)))]))
     done = asyncio.Event()
     tasks: set[asyncio.Task[None]] = set()
+    # Replies finished in one turn of the loop go out as one message: fewer writes and wake-ups.
+    outbox: list[tuple[int, bytes]] = []
+
+    def flush() -> None:
+        batch = outbox[:]
+        outbox.clear()
+        if batch and not done.is_set():
+            try:
+                conn.send_bytes(pickle.dumps(batch))
+            except OSError:  # the parent is gone
+                done.set()
 
     async def answer(call_id: int, operation: str, kwargs: dict[str, Any]) -> None:
         try:
@@ -110,19 +121,21 @@ async def _serve(conn: Connection, options: dict[str, Any]) -> None:
             reply = pickle.dumps(("ok", value))
         except Exception as err:
             reply = _error_message(err)
-        if not done.is_set():
-            conn.send_bytes(pickle.dumps((call_id, reply)))
+        if not outbox:
+            loop.call_soon(flush)
+        outbox.append((call_id, reply))
 
     def readable() -> None:
         try:
             while conn.poll():
-                call_id, operation, kwargs = pickle.loads(conn.recv_bytes())
-                if operation == "close":
-                    done.set()
-                    return
-                task = loop.create_task(answer(call_id, operation, kwargs))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                for call in pickle.loads(conn.recv_bytes()):
+                    call_id, operation, kwargs = pickle.loads(call)
+                    if operation == "close":
+                        done.set()
+                        return
+                    task = loop.create_task(answer(call_id, operation, kwargs))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
         except (EOFError, OSError):  # the parent is gone (closed or killed): clean up, exit
             done.set()
 
@@ -144,7 +157,7 @@ async def _serve(conn: Connection, options: dict[str, Any]) -> None:
         except Exception as err:
             outcome = _error_message(err)
         try:
-            conn.send_bytes(pickle.dumps((-1, outcome)))
+            conn.send_bytes(pickle.dumps([(-1, outcome)]))
         except OSError:
             pass
 
@@ -172,14 +185,30 @@ class _Worker:
         self.episodes = 0  # live episodes placed here
         self.gone: str | None = None
         self.closed: asyncio.Future[Any] | None = None
+        self.outbox: list[bytes] = []  # calls made in this turn of the loop, sent as one message
+
+    def send(self, call: bytes) -> None:
+        """Queue one pickled call; the turn's calls leave together (see :meth:`flush`)."""
+        if not self.outbox:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.outbox.append(call)
+
+    def flush(self) -> None:
+        batch = self.outbox[:]
+        self.outbox.clear()
+        if batch and self.gone is None:
+            try:
+                self.conn.send_bytes(pickle.dumps(batch))
+            except OSError as err:
+                self.lost(f"worker {self.index} cannot be reached ({err})")
 
     def readable(self) -> None:
         try:
             while self.conn.poll():
-                call_id, reply = pickle.loads(self.conn.recv_bytes())
-                future = self.closed if call_id == -1 else self.pending.pop(call_id, None)
-                if future is not None and not future.done():
-                    future.set_result(reply)
+                for call_id, reply in pickle.loads(self.conn.recv_bytes()):
+                    future = self.closed if call_id == -1 else self.pending.pop(call_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(reply)
         except (EOFError, OSError):
             self.lost(f"worker {self.index} (pid {self.process.pid}) exited")
 
@@ -286,12 +315,9 @@ class ShardedHost:
         future = asyncio.get_running_loop().create_future()
         worker.pending[call_id] = future
         try:
-            worker.conn.send_bytes(pickle.dumps((call_id, operation, kwargs)))
-        except (OSError, pickle.PicklingError, TypeError, AttributeError) as err:
+            worker.send(pickle.dumps((call_id, operation, kwargs)))
+        except (pickle.PicklingError, TypeError, AttributeError) as err:
             worker.pending.pop(call_id, None)
-            if isinstance(err, OSError):
-                worker.lost(f"worker {worker.index} cannot be reached ({err})")
-                raise SandboxLostError(f"{worker.gone}; its episodes are lost") from None
             raise ConfigurationError(
                 f"the arguments of {operation} cannot be sent to a worker process: {err}") from None
         return _unwrap(await future)
@@ -385,6 +411,18 @@ class ShardedHost:
         steps: list[StepResult] = await self._call(self._worker(episode_id), "trajectory", episode_id=episode_id)
         return steps
 
+    async def bare_round_trips(self, *, episode_ids: list[str], steps: int) -> float:
+        """For the bench: ``steps`` bare shim round trips on each episode's sandbox, run in the
+        workers holding them, all at once; the wall time in seconds (the floor under a step)."""
+        by_worker: dict[int, list[str]] = {}
+        for episode_id in episode_ids:
+            by_worker.setdefault(self._worker(episode_id).index, []).append(episode_id)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.gather(*(self._call(self._workers[index], "_floor", episode_ids=ids, steps=steps)
+                               for index, ids in by_worker.items()))
+        return loop.time() - started
+
     async def close(self) -> None:
         """Close every worker's host (destroying its episodes) and end the workers.
 
@@ -400,8 +438,9 @@ class ShardedHost:
         for worker in self._workers:
             if worker.gone is None:
                 worker.closed = loop.create_future()
+                worker.flush()  # calls already made go first
                 try:
-                    worker.conn.send_bytes(pickle.dumps((0, "close", {})))
+                    worker.conn.send_bytes(pickle.dumps([pickle.dumps((0, "close", {}))]))
                 except OSError as err:
                     worker.lost(f"worker {worker.index} cannot be reached ({err})")
         for worker in self._workers:
@@ -412,6 +451,10 @@ class ShardedHost:
                     problems.append(SandboxLostError(worker.gone))
             except BaseException as err:  # noqa: BLE001 - gathered, raised below
                 problems.append(err)
+            for future in worker.pending.values():  # answered by no one now
+                if not future.done():
+                    future.set_exception(SandboxLostError("the sharded host closed while the call was under way"))
+            worker.pending.clear()
             if worker.gone is None:
                 loop.remove_reader(worker.conn.fileno())
             worker.conn.close()
