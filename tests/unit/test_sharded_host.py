@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from softprobe.gym.episodes.protocol import Host
 from softprobe.gym.episodes.sharded import ShardedHost, create_sharded_host
 from softprobe.gym.errors import (
     ConfigurationError,
@@ -33,6 +34,7 @@ def _sharded(tmp_path: Path, workers: int = 2, **options: object) -> ShardedHost
 
 async def test_the_protocol_runs_through_both_workers_and_writes_the_usual_records(tmp_path: Path) -> None:
     async with _sharded(tmp_path, capabilities={"environment_checkpoint": False}) as host:
+        assert isinstance(host, Host)
         handles = [await host.create_episode(episode_id=f"e{i}") for i in range(4)]
         assert sorted(host.worker_of(episode_id=h.episode_id) for h in handles) == [0, 0, 1, 1]
         reset = await host.reset(episode_id="e0")
