@@ -104,11 +104,15 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+#: One encoder for every message (``json.dumps`` with options builds a new one per call).
+_WIRE_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def wire_json(value: Any) -> bytes:
     """``value`` as the UTF-8 JSON the host sends to the shim (one encoder for both, so what is
     size-checked is exactly what is sent). Raises ValueError, TypeError or UnicodeEncodeError
     for what cannot be sent."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return _WIRE_ENCODER.encode(value).encode("utf-8")
 
 
 def _check_text_keys(action: dict[Any, Any]) -> None:

@@ -8,6 +8,8 @@ else the machine does affects both sides alike. Rows:
 - a checkpoint vs ``docker commit``; forks by prefix re-execution (N=1, 10) and checkpoint import;
 - K episodes stepping at once (K = 1, 8, 32, 64): steps/s, vs raw shim round trips on the same
   containers (the floor: no host bookkeeping);
+- the same on a sharded host (``SHARDED_WORKERS`` worker processes), vs raw shim round trips
+  run inside its workers;
 - a step with tracing on (OpenTelemetry, spans recorded and dropped) vs off, interleaved;
 - a step after a one-file change in a 10,000-file workspace vs the same in an empty one;
 - memory of an idle episode (its container and the host's share);
@@ -149,6 +151,8 @@ async def run_bench(*, image: str, quick: bool = False, log: Callable[[str], Non
         rows += await _world_resets(image, Path(tmp), seed, n)
         log("concurrency")
         rows += await _concurrency(image, Path(tmp), seed, n["concurrency"], quick)
+        log("sharded host")
+        rows += await _sharded_concurrency(image, Path(tmp), seed, n["concurrency"], quick)
         log("large workspace")
         rows += await _large_workspace(image, Path(tmp))
         log("memory and a full rollout")
@@ -351,6 +355,45 @@ async def _concurrency_row(image: str, tmp: Path, seed: Path, k: int, steps_each
             baseline_p50=round(raw_rate), ratio=round(ours_rate / raw_rate, 2),
             ratio_meaning="ours/baseline rate (p99 column: our step latency in ms)", samples=total,
         )
+
+
+SHARDED_WORKERS = 2
+
+
+async def _sharded_concurrency(image: str, tmp: Path, seed: Path, ks: tuple[int, ...], quick: bool) -> list[BenchRow]:
+    """K episodes stepping at once on a host of ``SHARDED_WORKERS`` worker processes, driven from
+    this process: steps/s against bare shim round trips run inside the workers on the same
+    containers (the floor of that set-up)."""
+    steps_each = 100 if quick else 200
+    return [await _sharded_row(image, tmp, seed, k, steps_each) for k in ks]
+
+
+async def _sharded_row(image: str, tmp: Path, seed: Path, k: int, steps_each: int) -> BenchRow:
+    from softprobe.gym.episodes.sharded import create_sharded_host
+
+    async with create_sharded_host(workers=SHARDED_WORKERS, run_root=tmp / f"sharded-k{k}", seed_root=seed,
+                                   image=image) as host:
+        names = [f"s{k}-{i}" for i in range(k)]
+        await asyncio.gather(*(host.create_episode(episode_id=name) for name in names))
+        await asyncio.gather(*(host.reset(episode_id=name) for name in names))
+        latencies: list[float] = []
+
+        async def ours(name: str) -> None:
+            for _ in range(steps_each):
+                latencies.append(await _timed(functools.partial(host.step, episode_id=name, action=READ)))
+
+        await host.bare_round_trips(episode_ids=names, steps=5)  # warm both sides
+        wall = await _timed(lambda: asyncio.gather(*(ours(name) for name in names)))
+        raw_wall = await host.bare_round_trips(episode_ids=names, steps=steps_each)
+    total = k * steps_each
+    ours_rate, raw_rate = total / wall, total / raw_wall
+    return BenchRow(
+        name=f"{k} episodes, sharded host ({SHARDED_WORKERS} workers)", unit="steps/s",
+        ours_p50=round(ours_rate), ours_p99=round(_p(latencies, 0.99) * 1000, 3),
+        baseline=f"bare round trips in the {SHARDED_WORKERS} workers", baseline_p50=round(raw_rate),
+        ratio=round(ours_rate / raw_rate, 2),
+        ratio_meaning="ours/baseline rate (p99 column: our step latency in ms)", samples=total,
+    )
 
 
 async def _large_workspace(image: str, tmp: Path) -> list[BenchRow]:

@@ -1472,10 +1472,16 @@ class Shim:
 
     def fs_read(self, args: dict[str, Any], timeout_s: float, output_cap: int) -> ToolResult:
         _check_args(args, required={"path": str})
-        real = self.resolve(args["path"], must_exist=True)
-        if os.path.isdir(real):
+        real = self.resolve(args["path"])
+        try:  # one stat answers exists / directory / regular file (the hot path of a step)
+            mode = os.stat(real).st_mode
+        except OSError:
+            if os.path.lexists(real):  # there, but not to be followed (a symlink loop)
+                raise ToolError("not_a_regular_file", "%r is not a regular file" % args["path"]) from None
+            raise ToolError("not_found", "%r does not exist" % args["path"]) from None
+        if stat.S_ISDIR(mode):
             raise ToolError("is_a_directory", "%r is a directory; use fs.list" % args["path"])
-        if not os.path.isfile(real):
+        if not stat.S_ISREG(mode):
             # A FIFO or device would block or never end.
             raise ToolError("not_a_regular_file", "%r is not a regular file" % args["path"])
         output = CappedOutput(output_cap)
