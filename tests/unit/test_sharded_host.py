@@ -48,6 +48,13 @@ async def test_the_protocol_runs_through_both_workers_and_writes_the_usual_recor
         assert host.worker_of(episode_id="child") == host.worker_of(episode_id="e1")
         assert fork.episode_id == "child"
         assert len(await host.trajectory(episode_id="child")) == 1
+        group = await host.fork_many(episode_id="e1", n=3, path="prefix_reexecution", prefix_length=1)
+        assert len({f.episode_id for f in group}) == 3
+        assert {host.worker_of(episode_id=f.episode_id) for f in group} == {host.worker_of(episode_id="e1")}
+        with pytest.raises(EpisodeExistsError):
+            await host.fork_many(episode_id="e1", n=2, path="prefix_reexecution", prefix_length=1,
+                                 child_episode_ids=["child", "other"])
+        assert (await host.step(episode_id=group[0].episode_id, action=READ)).index == 2
         done = await host.step(episode_id="e0", action={"type": "terminate", "output": "ok"})
         assert done.terminated
         result = await host.finalize(episode_id="e0")

@@ -43,7 +43,7 @@ from softprobe.gym.results import CheckpointRecord, EpisodeHandle, FinalizeResul
 from softprobe.gym.settings import Capabilities
 
 #: Calls a worker serves: the :class:`Host` protocol's operations, plus the bench's floor.
-_OPERATIONS = frozenset({"create_episode", "reset", "step", "checkpoint", "fork", "finalize", "destroy",
+_OPERATIONS = frozenset({"create_episode", "reset", "step", "checkpoint", "fork", "fork_many", "finalize", "destroy",
                          "tool_specs", "set_max_steps", "trajectory", "state", "_floor"})
 
 
@@ -393,6 +393,32 @@ class ShardedHost:
             worker.episodes -= 1
             raise
         return result
+
+    async def fork_many(
+        self, *, episode_id: str, n: int, path: str, child_episode_ids: list[str] | None = None, **options: Any
+    ) -> list[ForkResult]:
+        """See :meth:`Host.fork_many`: the children live on their parent's worker (they share
+        its tape prefix or checkpoint blobs there)."""
+        worker = self._worker(episode_id)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigurationError(f"n must be a positive number of children, not {n!r}")
+        children = [f"ep-{uuid.uuid4().hex[:12]}" for _ in range(n)] if child_episode_ids is None else child_episode_ids
+        taken = [child for child in children if child in self._placement]
+        if taken:
+            raise EpisodeExistsError(f"episodes {taken!r} already exist on this host; pick other child_episode_ids")
+        placed = list(dict.fromkeys(children))
+        for child in placed:
+            self._placement[child] = worker
+        worker.episodes += len(placed)
+        try:
+            results: list[ForkResult] = await self._call(worker, "fork_many", episode_id=episode_id, n=n, path=path,
+                                                         child_episode_ids=children, **options)
+        except BaseException:
+            for child in placed:
+                del self._placement[child]
+            worker.episodes -= len(placed)
+            raise
+        return results
 
     async def finalize(self, *, episode_id: str) -> FinalizeResult:
         """See :meth:`Host.finalize`."""
