@@ -1,0 +1,76 @@
+"""Attacks on issue 21's host logic (local provider): fork_many's all-or-nothing under
+cancellation, and the host disk a workspace checkpoint uses against checkpoint_budget_bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from helpers import local_objects, ready, tool
+
+from softprobe.gym import create_host_environment
+
+CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True,
+        "checkpoint_scope": "workspace"}
+
+
+class BlockingSubject:
+    """import_state blocks for one child id until the test is done with it."""
+
+    def __init__(self, block: str) -> None:
+        self.block = block
+        self.blocked = asyncio.Event()
+        self.never = asyncio.Event()
+
+    def export_state(self, episode_id: str) -> dict:
+        return {}
+
+    async def import_state(self, episode_id: str, state: dict) -> None:
+        if episode_id == self.block:
+            self.blocked.set()
+            await self.never.wait()
+
+
+async def test_cancelling_fork_many_leaves_no_child(tmp_path, seed_root, local_provider):
+    """fork_many is all or nothing; a caller's timeout (wait_for) cancels it. Children that had
+    finished before the cancel must be destroyed too, not left holding sandboxes nobody knows of."""
+    subject = BlockingSubject(block="kid-2")
+    async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider,
+                                       capabilities=CAPS, subject=subject) as host:
+        await ready(host)
+        record = await host.checkpoint(episode_id="ep-1")
+        group = asyncio.ensure_future(host.fork_many(
+            episode_id="ep-1", n=3, path="checkpoint_import", checkpoint_id=record.checkpoint_id,
+            child_episode_ids=["kid-0", "kid-1", "kid-2"]))
+        await subject.blocked.wait()
+        episodes = host.run_root / "episodes"
+        # A fork returns right after writing its lineage (no await in between): wait for both.
+        for _ in range(2000):
+            if all((episodes / kid / "lineage.json").exists() for kid in ("kid-0", "kid-1")):
+                break
+            await asyncio.sleep(0.005)
+        group.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await group
+        left = sorted(p.name for p in episodes.iterdir() if p.name != "ep-1")
+        sandboxes = local_objects(local_provider, host)[0]
+        assert left == [] and len(sandboxes) == 1, (left, sandboxes)
+
+
+async def test_workspace_checkpoint_disk_use_stays_within_budget(tmp_path, seed_root, local_provider):
+    """SECURITY row 31: host disk use never exceeds the checkpoint budget. The budget counts blob
+    *content* bytes; each blob is its own file (a block each), and the manifest is not counted."""
+    budget = 64 * 1024
+    async with create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider,
+                                       capabilities=CAPS, subject=BlockingSubject(block=""),
+                                       checkpoint_budget_bytes=budget) as host:
+        await ready(host)
+        made = await host.step(episode_id="ep-1", action=tool(
+            "shell.exec", command="for i in $(seq 4000); do echo $i > f$i; done"))
+        assert made.error is None
+        record = await host.checkpoint(episode_id="ep-1")  # 4000 distinct contents, ~19 KB: "within budget"
+        assert record.bytes_added < budget
+        folder = host.run_root / "episodes/ep-1/checkpoints"
+        used = sum(os.lstat(p).st_blocks * 512 for p in folder.rglob("*"))
+        assert used <= budget, f"{used} bytes on the host's disk for a checkpoint of budget {budget}"
