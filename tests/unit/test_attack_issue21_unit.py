@@ -74,3 +74,50 @@ async def test_workspace_checkpoint_disk_use_stays_within_budget(tmp_path, seed_
         folder = host.run_root / "episodes/ep-1/checkpoints"
         used = sum(os.lstat(p).st_blocks * 512 for p in folder.rglob("*"))
         assert used <= budget, f"{used} bytes on the host's disk for a checkpoint of budget {budget}"
+
+
+def _sharded(tmp_path):  # type: ignore[no-untyped-def]
+    import functools
+
+    from softprobe.gym.episodes.sharded import create_sharded_host
+    from softprobe.gym.providers.local import LocalProvider
+
+    seed = tmp_path / "seed-sharded"
+    seed.mkdir(exist_ok=True)
+    return create_sharded_host(workers=2, run_root=tmp_path / "run-sharded", seed_root=seed,
+                               capabilities={"environment_checkpoint": False},
+                               provider_factory=functools.partial(LocalProvider, root=tmp_path / "local-root"))
+
+
+async def test_sharded_fork_many_refuses_bad_n_as_the_host_protocol_says(tmp_path):
+    """Host.fork_many documents ForkRequestError for bad arguments (HostEnvironment raises it);
+    the sharded host raised ConfigurationError, which a caller catching ForkRequestError misses."""
+    from softprobe.gym import ForkRequestError
+
+    async with _sharded(tmp_path) as host:
+        await host.create_episode(episode_id="p")
+        for bad in (0, -1, True):
+            with pytest.raises(ForkRequestError, match="positive int"):
+                await host.fork_many(episode_id="p", n=bad, path="prefix_reexecution", prefix_length=0)
+
+
+async def test_a_cancelled_sharded_create_leaves_no_hidden_episode(tmp_path):
+    """A caller cancels create_episode (a timeout) after the call left for the worker: the parent
+    forgets the id, but the worker still makes the episode. The id must then be usable again (or
+    the episode reachable), not held by an episode (and sandbox) the parent cannot reach."""
+    from softprobe.gym.errors import EpisodeNotFoundError
+
+    async with _sharded(tmp_path) as host:
+        call = asyncio.ensure_future(host.create_episode(episode_id="x"))
+        for _ in range(3):  # the call is queued, then flushed to the worker on the next turn
+            await asyncio.sleep(0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        try:
+            host.worker_of(episode_id="x")
+            reachable = True
+        except EpisodeNotFoundError:
+            reachable = False
+        if not reachable:
+            await host.create_episode(episode_id="x")  # today: EpisodeExistsError from the worker

@@ -35,6 +35,7 @@ from softprobe.gym.errors import (
     ConfigurationError,
     EpisodeExistsError,
     EpisodeNotFoundError,
+    ForkRequestError,
     LifecycleError,
     SandboxError,
     SandboxLostError,
@@ -52,6 +53,10 @@ def run_loop(main: Any) -> Any:
     try:
         import uvloop  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
+        uvloop = None
+    if uvloop is None:
+        # Outside the except block: a worker's error tracebacks would otherwise carry the
+        # ImportError as their context ("During handling of the above exception...").
         return asyncio.run(main)
     return uvloop.run(main)  # pragma: no cover - only with the optional uvloop
 
@@ -401,7 +406,8 @@ class ShardedHost:
         its tape prefix or checkpoint blobs there)."""
         worker = self._worker(episode_id)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigurationError(f"n must be a positive number of children, not {n!r}")
+            # The same refusal as HostEnvironment.fork_many (the Host protocol's ForkRequestError).
+            raise ForkRequestError(f"fork_many needs n= a positive int (how many children), got {n!r}")
         children = [f"ep-{uuid.uuid4().hex[:12]}" for _ in range(n)] if child_episode_ids is None else child_episode_ids
         taken = [child for child in children if child in self._placement]
         if taken:
