@@ -9,7 +9,7 @@ import os
 import pytest
 from helpers import local_objects, ready, tool
 
-from softprobe.gym import create_host_environment
+from softprobe.gym import CheckpointTooLargeError, create_host_environment
 
 CAPS = {"environment_checkpoint": True, "subject_state_import": True, "deterministic_prefix_reexecution": True,
         "checkpoint_scope": "workspace"}
@@ -69,8 +69,14 @@ async def test_workspace_checkpoint_disk_use_stays_within_budget(tmp_path, seed_
         made = await host.step(episode_id="ep-1", action=tool(
             "shell.exec", command="for i in $(seq 4000); do echo $i > f$i; done"))
         assert made.error is None
-        record = await host.checkpoint(episode_id="ep-1")  # 4000 distinct contents, ~19 KB: "within budget"
-        assert record.bytes_added < budget
+        # 4000 distinct contents, ~19 KB of content, but 4000 files of a block each on the host:
+        # the budget counts the disk, so the checkpoint is refused (typed, nothing stored).
+        with pytest.raises(CheckpointTooLargeError) as caught:
+            await host.checkpoint(episode_id="ep-1")
+        assert caught.value.size_bytes is not None and caught.value.size_bytes >= 4000 * 4096
+        assert caught.value.budget_bytes == budget
+        after = await host.step(episode_id="ep-1", action=tool("shell.exec", command="echo alive"))
+        assert after.error is None and "alive" in str(after.observation)  # the episode goes on
         folder = host.run_root / "episodes/ep-1/checkpoints"
         used = sum(os.lstat(p).st_blocks * 512 for p in folder.rglob("*"))
         assert used <= budget, f"{used} bytes on the host's disk for a checkpoint of budget {budget}"

@@ -107,14 +107,16 @@ async def test_a_tampered_manifest_fails_verification(tmp_path, seed_root, local
 
 
 async def test_budget_counts_new_blobs_only(tmp_path, seed_root, local_provider):
-    async with host_of(tmp_path, seed_root, local_provider, checkpoint_budget_bytes=20000) as host:
+    async with host_of(tmp_path, seed_root, local_provider, checkpoint_budget_bytes=32000) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="y" * 15000))
         await host.checkpoint(episode_id="ep-1")
         await host.step(episode_id="ep-1", action=tool("fs.write", path="b.txt", content="z" * 15000))
-        second = await host.checkpoint(episode_id="ep-1")  # 15000 new bytes: within budget
+        # 15000 new bytes (and a manifest): within budget; the first also held the seed's small
+        # files, a 4096-byte block each.
+        second = await host.checkpoint(episode_id="ep-1")
         assert second.bytes_added == 15000
-        await host.step(episode_id="ep-1", action=tool("fs.write", path="c.txt", content="w" * 25000))
+        await host.step(episode_id="ep-1", action=tool("fs.write", path="c.txt", content="w" * 40000))
         held = blobs(host, "ep-1")
         with pytest.raises(CheckpointTooLargeError):
             await host.checkpoint(episode_id="ep-1")

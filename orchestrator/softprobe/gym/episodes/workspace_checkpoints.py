@@ -12,7 +12,8 @@ Layout in the episode's folder::
 
 A checkpoint asks the shim only for the files whose sha256 this episode's store does not hold
 yet, so a second checkpoint of a barely changed workspace moves (and stores) barely anything;
-``checkpoint_budget_bytes`` counts those new blobs.
+``checkpoint_budget_bytes`` counts the host disk those new blobs and the manifest use: each blob
+is its own file, so it counts at least one file-system block (:data:`BLOCK_BYTES`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ from softprobe.gym.shim.runtime import Runtime
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: A manifest entry: path (relative to the workspace), kind, permission bits, sha256 or target.
 ManifestEntry = tuple[str, str, int, str]
+#: The least host disk a stored blob uses (one block of a usual file system).
+BLOCK_BYTES = 4096
+
+
+def disk_bytes(size: int) -> int:
+    """What a blob of ``size`` bytes counts against the budget: at least one block."""
+    return max(size, BLOCK_BYTES)
 
 
 @dataclass(frozen=True)
@@ -117,13 +125,18 @@ class BlobStore:
             )
         return data
 
-    def write_manifest(self, checkpoint_id: str, entries: tuple[ManifestEntry, ...], digest: str) -> None:
-        """Record a checkpoint's manifest beside its record (blocking)."""
+    def write_manifest(self, checkpoint_id: str, manifest: bytes) -> None:
+        """Record a checkpoint's manifest (:func:`manifest_bytes`) beside its record (blocking)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{checkpoint_id}.manifest.json"
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"workspace_digest": digest, "entries": entries}), encoding="utf-8")
+        tmp.write_bytes(manifest)
         os.replace(tmp, path)
+
+
+def manifest_bytes(entries: tuple[ManifestEntry, ...], digest: str) -> bytes:
+    """A checkpoint's manifest file, as stored."""
+    return json.dumps({"workspace_digest": digest, "entries": entries}).encode("utf-8")
 
 
 async def take_workspace_snapshot(
@@ -146,28 +159,31 @@ async def take_workspace_snapshot(
             raise CheckpointTooLargeError(
                 f"the workspace's new content exceeds checkpoint_budget_bytes={budget_bytes} ({err.detail}); "
                 "nothing was stored and the episode goes on. Delete large files first, or raise the budget.",
-                size_bytes=limit + 1, budget_bytes=budget_bytes or 0,
+                size_bytes=None, budget_bytes=budget_bytes or 0,
             ) from None
         raise WorkspaceCheckpointError(
             f"the workspace cannot be checkpointed: {err.detail}. Nothing was stored and the episode goes "
             "on; remove it, or use checkpoint_scope='container'."
         ) from None
-    if budget_bytes is not None and snapshot.bytes > budget_bytes:
-        raise CheckpointTooLargeError(
-            f"the workspace's new content is {snapshot.bytes} bytes, over checkpoint_budget_bytes={budget_bytes}; "
-            "nothing was stored and the episode goes on",
-            size_bytes=snapshot.bytes, budget_bytes=budget_bytes,
-        )
     entries, blobs = _checked(snapshot, store.known())
-    await asyncio.to_thread(_store, store, checkpoint_id, entries, blobs, snapshot.workspace_digest)
+    manifest = manifest_bytes(entries, snapshot.workspace_digest)
+    # Host disk, not content: every blob is a file of at least one block, and the manifest too.
+    used = sum(disk_bytes(len(data)) for data in blobs.values()) + len(manifest)
+    if budget_bytes is not None and used > budget_bytes:
+        raise CheckpointTooLargeError(
+            f"the checkpoint would use {used} bytes of host disk ({len(blobs)} new files of "
+            f"{snapshot.bytes} content bytes, each at least a {BLOCK_BYTES}-byte block, and a manifest of "
+            f"{len(manifest)} bytes), over checkpoint_budget_bytes={budget_bytes}; nothing was stored and the "
+            "episode goes on. Delete files (many small ones count a block each) first, or raise the budget.",
+            size_bytes=used, budget_bytes=budget_bytes,
+        )
+    await asyncio.to_thread(_store, store, checkpoint_id, manifest, blobs)
     return WorkspaceSnapshot(entries, store, snapshot.workspace_digest, len(blobs), sum(map(len, blobs.values())))
 
 
-def _store(
-    store: BlobStore, checkpoint_id: str, entries: tuple[ManifestEntry, ...], blobs: dict[str, bytes], digest: str
-) -> None:
+def _store(store: BlobStore, checkpoint_id: str, manifest: bytes, blobs: dict[str, bytes]) -> None:
     store.add(blobs)
-    store.write_manifest(checkpoint_id, entries, digest)
+    store.write_manifest(checkpoint_id, manifest)
 
 
 def _checked(
