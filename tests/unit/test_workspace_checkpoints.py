@@ -158,3 +158,21 @@ def test_refused_for_a_world_with_services(tmp_path):
 def test_unknown_scope_is_refused(tmp_path):
     with pytest.raises(ConfigurationError, match="checkpoint_scope"):
         create_host_environment(run_root=tmp_path / "run", capabilities={**WORKSPACE, "checkpoint_scope": "disk"})
+
+
+async def test_a_checkpoint_comes_in_chunks_and_restores_whole(tmp_path, seed_root, local_provider, monkeypatch):
+    """Content moves in chunks of at most CHUNK_BYTES (a file larger than one is split across
+    replies), and the restored workspace is the same, digest for digest."""
+    from softprobe.gym.episodes import workspace_checkpoints
+
+    monkeypatch.setattr(workspace_checkpoints, "CHUNK_BYTES", 1000)
+    async with host_of(tmp_path, seed_root, local_provider) as host:
+        await ready(host)
+        await host.step(episode_id="ep-1", action=tool(
+            "shell.exec", command="head -c 5500 /dev/urandom > big.bin && : > empty && for i in 1 2 3; do echo $i > f$i; done"))
+        record = await host.checkpoint(episode_id="ep-1")
+        assert record.bytes_added >= 5500
+        assert not list((host.run_root / "episodes/ep-1/checkpoints").glob(".staging-*"))
+        child = await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
+        same = await host.step(episode_id=child.episode_id, action=tool("shell.exec", command="cmp big.bin empty; wc -c < big.bin"))
+        assert "5500" in str(same.observation)

@@ -24,13 +24,14 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from softprobe.gym.errors import CheckpointTooLargeError, WorkspaceCheckpointError
 from softprobe.gym.shim.client import ShimRefusedError
-from softprobe.gym.shim.protocol import WorkspaceSnapshotResult
+from softprobe.gym.shim.protocol import WorkspaceSnapshotRequest, WorkspaceSnapshotResult
 from softprobe.gym.shim.runtime import Runtime
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -139,21 +140,66 @@ def manifest_bytes(entries: tuple[ManifestEntry, ...], digest: str) -> bytes:
     return json.dumps({"workspace_digest": digest, "entries": entries}).encode("utf-8")
 
 
+#: The most file content one shim reply carries: neither side holds more of a snapshot at once.
+CHUNK_BYTES = 8 << 20
+
+
 async def take_workspace_snapshot(
     runtime: Runtime, store: BlobStore, checkpoint_id: str, *, budget_bytes: int | None
 ) -> WorkspaceSnapshot:
-    """Archive ``runtime``'s workspace into ``store`` (only content it does not hold yet).
+    """Archive ``runtime``'s workspace into ``store`` (only content it does not hold yet), in
+    chunks of at most :data:`CHUNK_BYTES`: new blobs go to a staging folder as they come, and
+    into the store once all came and matched their names.
 
     Raises:
-        CheckpointTooLargeError: the new content exceeds ``budget_bytes`` (nothing is stored).
-        WorkspaceCheckpointError: the workspace holds what the archive cannot carry, or the
-            shim sent content that does not match its sha256 (nothing is stored).
+        CheckpointTooLargeError: the new blobs and the manifest would use more host disk than
+            ``budget_bytes`` (nothing is stored, nothing is transferred).
+        WorkspaceCheckpointError: the workspace holds what the archive cannot carry, a process
+            survived the sweep, or the shim sent content that does not match its sha256
+            (nothing is stored).
         SandboxLostError: the sandbox died.
     """
-    known = sorted(store.known())
+    known = store.known()
     limit = 1 << 62 if budget_bytes is None else max(budget_bytes, 1)
+    first = await _ask(runtime, WorkspaceSnapshotRequest(known=sorted(known), max_bytes=limit,
+                                                         chunk_bytes=CHUNK_BYTES), budget_bytes)
+    entries, sizes = _checked_manifest(first, known)
+    manifest = manifest_bytes(entries, first.workspace_digest)
+    # Host disk, not content: every blob is a file of at least one block, and the manifest too.
+    used = sum(disk_bytes(size) for size in sizes.values()) + len(manifest)
+    content = sum(sizes.values())
+    if budget_bytes is not None and used > budget_bytes:
+        raise CheckpointTooLargeError(
+            f"the checkpoint would use {used} bytes of host disk ({len(sizes)} new files of {content} content "
+            f"bytes, each at least a {BLOCK_BYTES}-byte block, and a manifest of {len(manifest)} bytes), over "
+            f"checkpoint_budget_bytes={budget_bytes}; nothing was stored and the episode goes on. Delete files "
+            "(many small ones count a block each) first, or raise the budget.",
+            size_bytes=used, budget_bytes=budget_bytes,
+        )
+    staging = _Staging(store.folder / f".staging-{checkpoint_id}", sizes)
     try:
-        snapshot = await runtime.workspace_snapshot(known=known, max_bytes=limit)
+        reply = first
+        while True:
+            await asyncio.to_thread(staging.write, reply.pieces)
+            if not reply.more:
+                break
+            reply = await _ask(runtime, WorkspaceSnapshotRequest(resume=True, chunk_bytes=CHUNK_BYTES), budget_bytes)
+        missing = sorted(set(sizes) - staging.done)
+        if missing:
+            raise WorkspaceCheckpointError(
+                f"the shim did not send {len(missing)} of the new files it listed (first {missing[0][:16]}); "
+                "nothing was stored")
+        await asyncio.to_thread(staging.commit, store, checkpoint_id, manifest)
+    finally:
+        await asyncio.to_thread(staging.remove)
+    return WorkspaceSnapshot(entries, store, first.workspace_digest, len(sizes), content)
+
+
+async def _ask(
+    runtime: Runtime, request: WorkspaceSnapshotRequest, budget_bytes: int | None
+) -> WorkspaceSnapshotResult:
+    try:
+        return await runtime.workspace_snapshot(request)
     except ShimRefusedError as err:
         if err.kind == "over_budget":
             raise CheckpointTooLargeError(
@@ -165,51 +211,76 @@ async def take_workspace_snapshot(
             f"the workspace cannot be checkpointed: {err.detail}. Nothing was stored and the episode goes "
             "on; remove it, or use checkpoint_scope='container'."
         ) from None
-    entries, blobs = _checked(snapshot, store.known())
-    manifest = manifest_bytes(entries, snapshot.workspace_digest)
-    # Host disk, not content: every blob is a file of at least one block, and the manifest too.
-    used = sum(disk_bytes(len(data)) for data in blobs.values()) + len(manifest)
-    if budget_bytes is not None and used > budget_bytes:
-        raise CheckpointTooLargeError(
-            f"the checkpoint would use {used} bytes of host disk ({len(blobs)} new files of "
-            f"{snapshot.bytes} content bytes, each at least a {BLOCK_BYTES}-byte block, and a manifest of "
-            f"{len(manifest)} bytes), over checkpoint_budget_bytes={budget_bytes}; nothing was stored and the "
-            "episode goes on. Delete files (many small ones count a block each) first, or raise the budget.",
-            size_bytes=used, budget_bytes=budget_bytes,
-        )
-    await asyncio.to_thread(_store, store, checkpoint_id, manifest, blobs)
-    return WorkspaceSnapshot(entries, store, snapshot.workspace_digest, len(blobs), sum(map(len, blobs.values())))
 
 
-def _store(store: BlobStore, checkpoint_id: str, manifest: bytes, blobs: dict[str, bytes]) -> None:
-    store.add(blobs)
-    store.write_manifest(checkpoint_id, manifest)
-
-
-def _checked(
+def _checked_manifest(
     snapshot: WorkspaceSnapshotResult, known: set[str]
-) -> tuple[tuple[ManifestEntry, ...], dict[str, bytes]]:
-    """The manifest and decoded blobs of the shim's reply, checked: the container is not trusted
-    to name blobs (names become file names) or to send content matching its name."""
-    blobs: dict[str, bytes] = {}
-    for sha, text in snapshot.blobs.items():
-        try:
-            data = base64.b64decode(text, validate=True) if _SHA256.match(sha) else None
-        except ValueError:
-            data = None
-        if data is None or hashlib.sha256(data).hexdigest() != sha:
-            raise WorkspaceCheckpointError(
-                f"the shim sent workspace content that does not match its name {sha[:16]!r}; nothing was stored"
-            )
-        blobs[sha] = data
+) -> tuple[tuple[ManifestEntry, ...], dict[str, int]]:
+    """The manifest and the sizes of the new blobs, checked: the container is not trusted to
+    name blobs (names become file names) or to leave content out."""
+    sizes = dict(snapshot.sizes)
+    if snapshot.blobs or any(not _SHA256.match(sha) or sha in known or size < 0 for sha, size in sizes.items()):
+        raise WorkspaceCheckpointError("the shim listed new workspace content under invalid names; nothing was stored")
     entries = tuple((path, kind, mode, value) for path, kind, mode, value in snapshot.entries)
     for path, kind, _mode, value in entries:
-        if kind == "file" and value not in blobs and value not in known:
+        if kind == "file" and value not in sizes and value not in known:
             raise WorkspaceCheckpointError(
-                f"the shim's manifest names content {value[:16]!r} for {path!r} that it neither sent nor the "
+                f"the shim's manifest names content {value[:16]!r} for {path!r} that it neither sends nor the "
                 "store holds; nothing was stored"
             )
-    return entries, blobs
+    return entries, sizes
+
+
+class _Staging:
+    """New blobs of one checkpoint, written piece by piece as they come (blocking methods)."""
+
+    def __init__(self, folder: Path, sizes: dict[str, int]) -> None:
+        self.folder = folder
+        self.sizes = sizes
+        self.done: set[str] = set()
+        self._current: tuple[str, Any, Any, int] | None = None  # sha, file, hasher, next offset
+
+    def write(self, pieces: list[tuple[str, int, str, bool]]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for sha, offset, text, last in pieces:
+            try:
+                data = base64.b64decode(text, validate=True)
+            except ValueError:
+                data = None
+            current = self._current
+            if offset == 0 and current is None and sha in self.sizes and sha not in self.done:
+                current = (sha, open(self.folder / sha, "xb"), hashlib.sha256(), 0)  # noqa: SIM115 - kept open across chunks
+            if data is None or current is None or current[0] != sha or current[3] != offset \
+                    or offset + len(data) > self.sizes[sha]:
+                raise WorkspaceCheckpointError(
+                    f"the shim sent workspace content out of order or past its size ({sha[:16]!r} at {offset}); "
+                    "nothing was stored")
+            _sha, handle, hasher, _offset = current
+            handle.write(data)
+            hasher.update(data)
+            self._current = (sha, handle, hasher, offset + len(data))
+            if last:
+                handle.close()
+                self._current = None
+                if offset + len(data) != self.sizes[sha] or hasher.hexdigest() != sha:
+                    raise WorkspaceCheckpointError(
+                        f"the shim sent workspace content that does not match its name {sha[:16]!r} (did it change "
+                        "while read?); nothing was stored")
+                self.done.add(sha)
+
+    def commit(self, store: BlobStore, checkpoint_id: str, manifest: bytes) -> None:
+        store.blobs.mkdir(parents=True, exist_ok=True)
+        known = store.known()
+        for sha in self.done:
+            os.replace(self.folder / sha, store.blobs / sha)
+            known.add(sha)
+        store.write_manifest(checkpoint_id, manifest)
+
+    def remove(self) -> None:
+        if self._current is not None:
+            self._current[1].close()
+            self._current = None
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 __all__ = ["BlobStore", "ManifestEntry", "WorkspaceSnapshot", "take_workspace_snapshot"]

@@ -17,7 +17,8 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
     {"id": 6, "op": "export_changes", "max_bytes": 8388608}   (what the last call changed, for a tape)
     {"id": 7, "op": "apply_changes", "changes": [{"path": "a.txt", "kind": "file", "mode": 420, "data": "..."}]}
     {"id": 8, "op": "episode_env", "clock_start": 1700000000, "random_seed": 42}
-    {"id": 9, "op": "workspace_snapshot", "known": ["<sha256>", ...], "max_bytes": 1048576}
+    {"id": 9, "op": "workspace_snapshot", "known": ["<sha256>", ...], "max_bytes": 1048576,
+     "chunk_bytes": 8388608}   (then {"op": "workspace_snapshot", "resume": true} while "more")
     {"id": 10, "op": "workspace_restore", "changes": [...an apply_changes set...]}
     (host-only: a workspace checkpoint taken and restored; see ``Shim.workspace_snapshot``)
     (host-only, once, before any call: the clock every started program begins at, through the
@@ -1156,6 +1157,9 @@ class Shim:
         self.clock_env: dict[str, str] = {}  # what _clocked adds (episode_env with a clock_start)
         self.episode_env_set = False  # one episode_env op per shim, before any call
         self.served_call = False
+        # A workspace snapshot under way (its later chunks): the digest, the blobs still to
+        # send as [sha, path, size], the offset into the first and the bytes sent so far.
+        self.snapshot_cursor: dict[str, Any] | None = None
         self.last_changed: list[bytes] | None = None  # what the last call changed (export_changes)
         self.builtins: dict[str, BuiltinTool] = {
             "fs.read": self.fs_read,
@@ -1170,6 +1174,8 @@ class Shim:
     def handle(self, request: dict[str, Any]) -> Any:
         """Answer one request; the result is a JSON value."""
         op = request.get("op")
+        if op != "workspace_snapshot":
+            self.snapshot_cursor = None  # its chunks come back to back: anything else ends it
         if op == "hello":
             if request.get("protocol") != PROTOCOL_VERSION:
                 raise ProtocolError(
@@ -1929,21 +1935,75 @@ class Shim:
         ``known`` (the host's blobs of this episode), after every process but the shim is gone
         and a full scan (the digest describes exactly what is listed).
 
+        In chunks, so that neither side ever holds the whole: the first reply carries the
+        manifest and ``sizes`` (sha256 -> size of each new file); every reply carries
+        ``pieces`` ``[sha256, offset, base64 data, last]`` of at most ``chunk_bytes`` of content
+        and ``more`` (true: ask again with ``resume`` true for the next chunk). Any other
+        request in between ends the snapshot.
+
         What a manifest cannot carry faithfully is refused (``workspace_unsupported``): a name
         or link target that is not UTF-8, a file with several hard links, a FIFO/socket/device,
-        an unreadable file; new content over ``max_bytes`` is ``over_budget``.
+        an unreadable file; new content over ``max_bytes`` is ``over_budget``; a process that
+        survives the sweep (reading as root beside it is unsafe) is ``processes_survive``.
         """
         import base64
 
-        known = request.get("known")
-        known_set = set(known) if isinstance(known, list) else set()
-        max_bytes = int(_bounded_number(request.get("max_bytes"), 1 << 40, 1 << 62))
-        clear_processes()
-        self.full_scan()
+        chunk = int(_bounded_number(request.get("chunk_bytes"), 1 << 62, 1 << 62))
+        if request.get("resume") is True:
+            cursor = self.snapshot_cursor
+            if cursor is None:
+                raise ProtocolError("workspace_snapshot resume without a snapshot under way")
+            reply: dict[str, Any] = {"workspace_digest": cursor["digest"], "entries": [], "sizes": {}}
+        else:
+            cursor = self.snapshot_cursor = None
+            known = request.get("known")
+            known_set = set(known) if isinstance(known, list) else set()
+            max_bytes = int(_bounded_number(request.get("max_bytes"), 1 << 40, 1 << 62))
+            if not clear_processes():
+                raise ToolError("processes_survive", "a process of the container survived the sweep (an "
+                                "uninterruptible sleep?): the workspace is not read as root beside it")
+            self.full_scan()
+            manifest, pending = self._workspace_manifest(known_set)
+            total = sum(size for _sha, _path, size in pending)
+            if total > max_bytes:
+                raise ToolError("over_budget", "the workspace's new content is %d bytes, over %d" % (total, max_bytes))
+            cursor = {"digest": self.index.digest, "pending": pending, "offset": 0, "sent": 0}
+            reply = {"workspace_digest": self.index.digest, "entries": manifest,
+                     "sizes": {sha: size for sha, _path, size in pending}}
+        pieces: list[list[Any]] = []
+        room = chunk
+        pending = cursor["pending"]
+        while pending and (room > 0 or not pieces):
+            sha, path, size = pending[0]
+            offset = cursor["offset"]
+            try:
+                fd = os.open(os.path.join(os.fsencode(self.workspace), os.fsencode(path)),
+                             os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(max(1, min(room, size - offset)) if size > offset else 0)
+            except OSError as err:
+                self.snapshot_cursor = None
+                raise ToolError("workspace_unsupported", "%r cannot be read: %s" % (path, err)) from None
+            last = offset + len(data) >= size or not data
+            pieces.append([sha, offset, base64.b64encode(data).decode("ascii"), last])
+            room -= len(data)
+            cursor["sent"] += len(data)
+            if last:
+                pending.pop(0)
+                cursor["offset"] = 0
+            else:
+                cursor["offset"] = offset + len(data)
+        self.snapshot_cursor = cursor if pending else None
+        reply.update({"blobs": {}, "pieces": pieces, "bytes": cursor["sent"], "more": bool(pending)})
+        return reply
+
+    def _workspace_manifest(self, known: set[str]) -> tuple[list[list[Any]], list[tuple[str, str, int]]]:
+        """The manifest of the scanned workspace and the new files to send: [sha, path, size]."""
         root = os.fsencode(self.workspace)
         manifest: list[list[Any]] = []
-        blobs: dict[str, str] = {}
-        sent = 0
+        pending: list[tuple[str, str, int]] = []
+        queued: set[str] = set()
         for rel in sorted(self.index.entries):
             kind, mode, content = self.index.entries[rel]
             try:
@@ -1960,26 +2020,19 @@ class Shim:
                 manifest.append([path, "symlink", 0, target])
             elif kind == "f" and len(content) == 64:  # a plain sha256: one link, readable
                 manifest.append([path, "file", mode, content])
-                if content in known_set or content in blobs:
+                if content in known or content in queued:
                     continue
                 try:
-                    fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-                    with os.fdopen(fd, "rb") as f:
-                        data = f.read()
+                    size = os.lstat(os.path.join(root, rel)).st_size
                 except OSError as err:
                     raise ToolError("workspace_unsupported", "%r cannot be read: %s" % (path, err)) from None
-                if hashlib.sha256(data).hexdigest() != content:
-                    raise ToolError("workspace_unsupported", "%r changed while it was read" % path)
-                sent += len(data)
-                if sent > max_bytes:
-                    raise ToolError("over_budget", "the workspace's new content exceeds %d bytes (at %r)"
-                                    % (max_bytes, path))
-                blobs[content] = base64.b64encode(data).decode("ascii")
+                queued.add(content)
+                pending.append((content, path, size))
             else:
                 what = "has several hard links" if ":links=" in content else (
                     "cannot be read" if content.startswith("unreadable:") else "is not a file, folder or link")
                 raise ToolError("workspace_unsupported", "%r %s" % (path, what))
-        return {"workspace_digest": self.index.digest, "entries": manifest, "blobs": blobs, "bytes": sent}
+        return manifest, pending
 
     def workspace_restore(self, request: dict[str, Any]) -> dict[str, Any]:
         """Make the workspace exactly a snapshot's: empty it, then write the given change set
