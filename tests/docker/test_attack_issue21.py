@@ -44,6 +44,10 @@ async def test_a_200mb_workspace_checkpoint_keeps_the_episode(tmp_path, seed_roo
         # Either way the episode must still be usable (today: SandboxLostError, episode broken).
         after = await host.step(episode_id="ep", action=tool("shell.exec", command="echo alive"))
         assert after.error is None and "alive" in str(after.observation), (record, after.error)
+        if record is not None:  # and it restores (in chunks too), digest-checked by the fork
+            child = await host.fork(episode_id="ep", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
+            again = await host.step(episode_id=child.episode_id, action=tool("shell.exec", command="wc -c < big.bin"))
+            assert again.error is None and "209715200" in str(again.observation)
     finally:
         await host.close()
     assert mine(host) == []

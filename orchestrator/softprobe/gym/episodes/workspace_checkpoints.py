@@ -31,7 +31,7 @@ from typing import Any
 
 from softprobe.gym.errors import CheckpointTooLargeError, WorkspaceCheckpointError
 from softprobe.gym.shim.client import ShimRefusedError
-from softprobe.gym.shim.protocol import WorkspaceSnapshotRequest, WorkspaceSnapshotResult
+from softprobe.gym.shim.protocol import WorkspaceSnapshotRequest, WorkspaceSnapshotResult, WorkspaceStageRequest
 from softprobe.gym.shim.runtime import Runtime
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -56,9 +56,30 @@ class WorkspaceSnapshot:
     blobs_added: int
     bytes_added: int
 
-    def change_set(self) -> list[dict[str, Any]]:
-        """The manifest as an ``apply_changes`` set with every file's data (blocking: reads blobs)."""
-        cache: dict[str, str] = {}
+    async def restore(self, runtime: Runtime) -> None:
+        """Make ``runtime``'s (fresh) workspace this checkpoint's: each blob is staged in the
+        sandbox in pieces of at most :data:`CHUNK_BYTES` (checked against its name here before
+        its last piece goes), then the manifest is applied naming the staged blobs.
+
+        Raises:
+            WorkspaceCheckpointError: a blob is missing or changed on disk (nothing restored).
+            ShimRefusedError, SandboxLostError: the sandbox refused the set or died.
+        """
+        for sha in dict.fromkeys(value for _path, kind, _mode, value in self.entries if kind == "file"):
+            size = await asyncio.to_thread(self.store.size, sha)
+            hasher = hashlib.sha256()
+            offset = 0
+            while True:
+                data = await asyncio.to_thread(self.store.read_piece, sha, offset, CHUNK_BYTES)
+                hasher.update(data)
+                last = offset + len(data) >= size or not data
+                if last and hasher.hexdigest() != sha:
+                    raise self.store.changed(sha)
+                await runtime.workspace_stage(WorkspaceStageRequest(
+                    sha256=sha, offset=offset, data=base64.b64encode(data).decode("ascii"), last=last))
+                offset += len(data)
+                if last:
+                    break
         changes: list[dict[str, Any]] = []
         for path, kind, mode, value in self.entries:
             if kind == "dir":
@@ -66,11 +87,8 @@ class WorkspaceSnapshot:
             elif kind == "symlink":
                 changes.append({"path": path, "kind": "symlink", "target": value})
             else:
-                data = cache.get(value)
-                if data is None:
-                    data = cache[value] = base64.b64encode(self.store.read(value)).decode("ascii")
-                changes.append({"path": path, "kind": "file", "mode": mode, "data": data})
-        return changes
+                changes.append({"path": path, "kind": "file", "mode": mode, "blob": value})
+        await runtime.workspace_restore(changes)
 
 
 class BlobStore:
@@ -106,25 +124,43 @@ class BlobStore:
             os.replace(tmp, self.blobs / sha)
             known.add(sha)
 
-    def read(self, sha: str) -> bytes:
-        """A blob's content, checked against its name.
+    def size(self, sha: str) -> int:
+        """A blob's size (blocking).
 
         Raises:
-            WorkspaceCheckpointError: the blob is missing or its content changed on disk.
+            WorkspaceCheckpointError: the blob is missing.
         """
         try:
-            data = (self.blobs / sha).read_bytes()
+            return (self.blobs / sha).stat().st_size
         except OSError as err:
-            raise WorkspaceCheckpointError(
-                f"blob {sha[:12]} of a workspace checkpoint cannot be read ({err}); was the episode's "
-                f"folder {self.folder.parent} changed or deleted?"
-            ) from None
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise WorkspaceCheckpointError(
-                f"blob {sha[:12]} in {self.blobs} does not hold what its name says: the checkpoint store was "
-                "changed on disk; take a new checkpoint"
-            )
-        return data
+            raise self._unreadable(sha, err) from None
+
+    def read_piece(self, sha: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of a blob from ``offset`` (blocking; the caller checks the
+        whole against its name, see :meth:`changed`).
+
+        Raises:
+            WorkspaceCheckpointError: the blob is missing.
+        """
+        try:
+            with open(self.blobs / sha, "rb") as f:
+                f.seek(offset)
+                return f.read(length)
+        except OSError as err:
+            raise self._unreadable(sha, err) from None
+
+    def changed(self, sha: str) -> WorkspaceCheckpointError:
+        """The error for a blob whose content is not what its name says."""
+        return WorkspaceCheckpointError(
+            f"blob {sha[:12]} in {self.blobs} does not hold what its name says: the checkpoint store was "
+            "changed on disk; take a new checkpoint"
+        )
+
+    def _unreadable(self, sha: str, err: OSError) -> WorkspaceCheckpointError:
+        return WorkspaceCheckpointError(
+            f"blob {sha[:12]} of a workspace checkpoint cannot be read ({err}); was the episode's "
+            f"folder {self.folder.parent} changed or deleted?"
+        )
 
     def write_manifest(self, checkpoint_id: str, manifest: bytes) -> None:
         """Record a checkpoint's manifest (:func:`manifest_bytes`) beside its record (blocking)."""

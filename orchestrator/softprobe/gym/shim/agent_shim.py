@@ -19,7 +19,8 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
     {"id": 8, "op": "episode_env", "clock_start": 1700000000, "random_seed": 42}
     {"id": 9, "op": "workspace_snapshot", "known": ["<sha256>", ...], "max_bytes": 1048576,
      "chunk_bytes": 8388608}   (then {"op": "workspace_snapshot", "resume": true} while "more")
-    {"id": 10, "op": "workspace_restore", "changes": [...an apply_changes set...]}
+    {"id": 10, "op": "workspace_stage", "sha256": "<sha256>", "offset": 0, "data": "<base64>", "last": true}
+    {"id": 11, "op": "workspace_restore", "changes": [...an apply_changes set, files as "blob": sha256...]}
     (host-only: a workspace checkpoint taken and restored; see ``Shim.workspace_snapshot``)
     (host-only, once, before any call: the clock every started program begins at, through the
     preloaded time shim the hello lists as the capability "time_shim", and the random seed; see
@@ -106,6 +107,7 @@ DEFAULT_MANIFEST = "/etc/softprobe/tools.json"
 DEFAULT_OVERLAY = "/opt/softprobe/overlay"
 #: Where the episode's random seed is written (``episode_env``): root's, readable by all.
 DEFAULT_SEED_FILE = "/opt/softprobe/seed"
+DEFAULT_STAGING = "/opt/softprobe/staging"
 #: Where libfaketime (the time shim of ``time_policy="recorded"``) may be, in the order tried.
 TIME_SHIM_PATTERNS = ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
                       "/usr/local/lib/faketime/libfaketime.so.1")
@@ -1160,6 +1162,9 @@ class Shim:
         # A workspace snapshot under way (its later chunks): the digest, the blobs still to
         # send as [sha, path, size], the offset into the first and the bytes sent so far.
         self.snapshot_cursor: dict[str, Any] | None = None
+        # Blobs a workspace restore writes, staged piece by piece (root's; see workspace_stage).
+        self.staging = self.workspace + ".staging" if local else DEFAULT_STAGING
+        self.staged: dict[str, str] = {}  # sha256 -> staged file, complete and checked
         self.last_changed: list[bytes] | None = None  # what the last call changed (export_changes)
         self.builtins: dict[str, BuiltinTool] = {
             "fs.read": self.fs_read,
@@ -1205,6 +1210,8 @@ class Shim:
             return self.set_episode_env(request)
         if op == "workspace_snapshot":
             return self.workspace_snapshot(request)
+        if op == "workspace_stage":
+            return self.workspace_stage(request)
         if op == "workspace_restore":
             return self.workspace_restore(request)
         raise ProtocolError("unknown op %r" % (op,))
@@ -2034,15 +2041,76 @@ class Shim:
                 raise ToolError("workspace_unsupported", "%r %s" % (path, what))
         return manifest, pending
 
+    def workspace_stage(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Stage a piece of one blob a workspace restore will write (host-only, before any
+        call): ``offset`` 0 starts it, each piece follows the last, and ``last`` checks the
+        whole against its sha256. Staged blobs are root's, read-only, in a folder the agent
+        cannot write (removed by ``workspace_restore``), so the restore never holds them all."""
+        import base64
+        import binascii
+
+        if self.served_call:
+            raise ProtocolError("workspace_stage comes before any call")
+        sha, offset, last = request.get("sha256"), request.get("offset"), request.get("last")
+        if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef") \
+                or isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or not isinstance(last, bool):
+            raise ProtocolError("workspace_stage needs sha256 (hex), offset (int >= 0) and last (bool)")
+        try:
+            data = base64.b64decode(request.get("data") or "", validate=True)
+        except (binascii.Error, ValueError, TypeError):
+            raise ProtocolError("workspace_stage data is not base64") from None
+        if sha in self.staged:
+            raise ProtocolError("blob %s is staged already" % sha[:16])
+        if offset == 0 and not os.path.isdir(self.staging):
+            os.mkdir(self.staging, 0o755)  # root's: the agent may not write (nor swap) what is staged
+        st = os.lstat(self.staging)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise ProtocolError("the staging folder %r is not the shim's own" % self.staging)
+        path = os.path.join(self.staging, sha)
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if offset == 0 else os.O_APPEND)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as err:
+            raise ProtocolError("blob %s cannot be staged at %d: %s" % (sha[:16], offset, err)) from None
+        with os.fdopen(fd, "ab") as f:
+            if os.fstat(f.fileno()).st_size != offset:
+                raise ProtocolError("blob %s: a piece at %d does not follow the last" % (sha[:16], offset))
+            f.write(data)
+        if last:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            if digest.hexdigest() != sha:
+                os.unlink(path)
+                raise ToolError("change_set_refused", "staged blob %s does not match its name" % sha[:16])
+            os.chmod(path, 0o444)  # read by the agent's restore, written by nobody
+            self.staged[sha] = path
+        return {"staged": last, "bytes": offset + len(data)}
+
+    def _remove_staging(self) -> None:
+        self.staged = {}
+        if os.path.isdir(self.staging) and not os.path.islink(self.staging):
+            for name in os.listdir(self.staging):
+                os.unlink(os.path.join(self.staging, name))
+            os.rmdir(self.staging)
+
     def workspace_restore(self, request: dict[str, Any]) -> dict[str, Any]:
         """Make the workspace exactly a snapshot's: empty it, then write the given change set
-        (``workspace_snapshot``'s manifest with each file's data), acting as the agent; the set
-        is checked as an ``apply_changes`` one (refused before anything is written). Returns
-        the hello (its ``workspace_digest`` from a full scan); the host compares it with the
-        checkpoint's."""
-        entries = _checked_change_set(request.get("changes"))
-        if self.served_call:
-            raise ProtocolError("workspace_restore comes before any call")
+        (``workspace_snapshot``'s manifest with each file's data, or ``blob``: the sha256 of a
+        blob staged by ``workspace_stage``), acting as the agent; the set is checked as an
+        ``apply_changes`` one (refused before anything is written). The staged blobs are
+        removed after. Returns the hello (its ``workspace_digest`` from a full scan); the host
+        compares it with the checkpoint's."""
+        try:
+            entries = _checked_change_set(request.get("changes"), self.staged)
+            if self.served_call:
+                raise ProtocolError("workspace_restore comes before any call")
+            return self._restore(entries)
+        finally:
+            self._remove_staging()
+
+    def _restore(self, entries: list[Change]) -> dict[str, Any]:
         with self.identity.acting_as_agent():
             root_fd = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
@@ -2214,18 +2282,21 @@ def _export_entry(parent: int, name: bytes, path: str, budget: int) -> dict[str,
 
 
 if TYPE_CHECKING:
-    #: A checked change set entry: (path, its parts, kind, mode, file data, link target).
-    Change = tuple[bytes, tuple[bytes, ...], str, int, bytes, bytes]
+    #: A checked change set entry: (path, its parts, kind, mode, file data or the staged file
+    #: holding it (str), link target).
+    Change = tuple[bytes, tuple[bytes, ...], str, int, bytes | str, bytes]
 
 
 def _refuse(message: str) -> NoReturn:
     raise ToolError("change_set_refused", message + "; nothing was changed")
 
 
-def _checked_change_set(changes: object) -> list[Change]:
+def _checked_change_set(changes: object, staged: dict[str, str] | None = None) -> list[Change]:
     """The entries of an untrusted change set, checked for form: relative paths without ``.``,
     ``..`` or empty parts, each once; known kinds; a mode of permission bits; base64 data; and
     no entry below one that is not a folder (below an ``absent`` only other ``absent`` ones).
+    With ``staged`` (a workspace restore), a file may name its content by ``blob`` (a staged
+    sha256) instead of ``data``.
     An ``absent`` entry below a file or link of the set is dropped: replacing its parent
     removes it (an older recording could carry one)."""
     import base64
@@ -2236,7 +2307,8 @@ def _checked_change_set(changes: object) -> list[Change]:
     checked: list[Change] = []
     kinds: dict[tuple[bytes, ...], str] = {}
     for item in changes:
-        if not isinstance(item, dict) or not set(item) <= {"path", "kind", "mode", "data", "target"}:
+        allowed = {"path", "kind", "mode", "data", "target"} | ({"blob"} if staged is not None else set())
+        if not isinstance(item, dict) or not set(item) <= allowed:
             _refuse("a change set entry must be an object of path, kind, mode, data, target")
         path, kind, mode = item.get("path"), item.get("kind"), item.get("mode", 0)
         if not isinstance(path, str) or not path or "\x00" in path or path.startswith("/"):
@@ -2254,8 +2326,14 @@ def _checked_change_set(changes: object) -> list[Change]:
             _refuse("change set entry %r has an unknown kind %r" % (path, kind))
         if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
             _refuse("change set entry %r has an invalid mode %r" % (path, mode))
-        data = target = b""
-        if kind == "file":
+        data: bytes | str = b""
+        target = b""
+        if kind == "file" and "blob" in item:
+            source = staged.get(item["blob"]) if staged is not None and isinstance(item["blob"], str) else None
+            if source is None or "data" in item:
+                _refuse("change set file %r names a blob that was not staged" % path)
+            data = source
+        elif kind == "file":
             try:
                 data = base64.b64decode(item.get("data") or "", validate=True)
             except (binascii.Error, ValueError, TypeError):
@@ -2394,7 +2472,12 @@ def _apply_change_set(workspace: str, entries: list[Change]) -> None:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                              dir_fd=parent)
                 with os.fdopen(fd, "wb") as f:
-                    f.write(data)
+                    if isinstance(data, str):  # a staged blob (workspace_restore), copied in
+                        with open(data, "rb") as source:
+                            for block in iter(lambda: source.read(1 << 20), b""):
+                                f.write(block)
+                    else:
+                        f.write(data)
                     os.fchmod(f.fileno(), mode)
             finally:
                 os.close(parent)

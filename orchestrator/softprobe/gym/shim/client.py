@@ -32,6 +32,8 @@ from softprobe.gym.shim.protocol import (
     WorkspaceRestoreRequest,
     WorkspaceSnapshotRequest,
     WorkspaceSnapshotResult,
+    WorkspaceStageRequest,
+    WorkspaceStageResult,
 )
 from softprobe.gym.text import readable
 
@@ -159,6 +161,11 @@ class ShimClient:
         when it cannot be taken."""
         result = await self._request(request, RESPONSE_GRACE_S + 120)
         return _validated(WorkspaceSnapshotResult, result, "workspace_snapshot")
+
+    async def workspace_stage(self, request: WorkspaceStageRequest) -> WorkspaceStageResult:
+        """Stage one piece of a blob for a workspace restore (see ``WorkspaceStageRequest``)."""
+        result = await self._request(request, RESPONSE_GRACE_S + 60)
+        return _validated(WorkspaceStageResult, result, "workspace_stage")
 
     async def workspace_restore(self, changes: list[dict[str, Any]]) -> HelloResult:
         """Make the workspace exactly ``changes`` (see ``WorkspaceRestoreRequest``); the new hello."""

@@ -154,8 +154,27 @@ class WorkspaceSnapshotResult(BaseModel):
     more: bool = False
 
 
+class WorkspaceStageRequest(_Request):
+    """One piece of a blob a workspace restore writes (host-only, before any call): pieces
+    follow each other from ``offset`` 0; ``last`` checks the whole against ``sha256``."""
+
+    op: Literal["workspace_stage"] = "workspace_stage"
+    sha256: str
+    offset: int
+    data: str
+    last: bool
+
+
+class WorkspaceStageResult(BaseModel):
+    """Whether the blob is complete (and checked), and its bytes staged so far."""
+
+    staged: bool
+    bytes: int
+
+
 class WorkspaceRestoreRequest(_Request):
-    """Empty the workspace, then write ``changes`` (an apply_changes set), before any call."""
+    """Empty the workspace, then write ``changes`` (an apply_changes set whose files may name a
+    staged blob by ``blob``: its sha256), before any call; the staged blobs are removed after."""
 
     op: Literal["workspace_restore"] = "workspace_restore"
     changes: list[dict[str, Any]]
@@ -164,7 +183,7 @@ class WorkspaceRestoreRequest(_Request):
 ShimRequest = (
     HelloRequest | CallRequest | ExistsRequest | ReadTextRequest | SeedRequest | OverlayRequest | RescanRequest
     | ExportChangesRequest | ApplyChangesRequest
-    | EpisodeEnvRequest | WorkspaceSnapshotRequest | WorkspaceRestoreRequest
+    | EpisodeEnvRequest | WorkspaceSnapshotRequest | WorkspaceStageRequest | WorkspaceRestoreRequest
 )
 
 

@@ -25,6 +25,7 @@ from softprobe.gym.shim.protocol import (
     HelloResult,
     WorkspaceSnapshotRequest,
     WorkspaceSnapshotResult,
+    WorkspaceStageRequest,
 )
 from softprobe.gym.worlds import ToolOverlay
 
@@ -227,6 +228,18 @@ class Runtime:
         """
         try:
             return await self._client.workspace_snapshot(request)
+        except SandboxLostError as err:
+            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+
+    async def workspace_stage(self, request: WorkspaceStageRequest) -> None:
+        """Stage one piece of a blob for :meth:`workspace_restore`.
+
+        Raises:
+            ShimRefusedError: the piece was refused (out of order, or the blob does not match
+                its name); SandboxLostError: as for :meth:`call_tool`.
+        """
+        try:
+            await self._client.workspace_stage(request)
         except SandboxLostError as err:
             raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
 
