@@ -5,6 +5,7 @@ pooled or fresh sandbox and verified by digest (on the local provider)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from helpers import local_objects, ready, tool
@@ -176,3 +177,36 @@ async def test_a_checkpoint_comes_in_chunks_and_restores_whole(tmp_path, seed_ro
         child = await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
         same = await host.step(episode_id=child.episode_id, action=tool("shell.exec", command="cmp big.bin empty; wc -c < big.bin"))
         assert "5500" in str(same.observation)
+
+
+def test_the_shim_stages_blobs_in_order_and_checked(tmp_path):
+    """workspace_stage takes a blob's pieces in order only, checks the whole against its name,
+    and workspace_restore writes only staged blobs, then removes the staging."""
+    import base64
+    import hashlib
+
+    from softprobe.gym.shim import agent_shim as shim
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    agent = shim.Shim(str(workspace), str(tmp_path / "no-manifest.json"), local=True)
+    content = b"0123456789" * 10
+    sha = hashlib.sha256(content).hexdigest()
+
+    def piece(offset: int, data: bytes, last: bool, name: str = sha) -> dict:
+        return {"op": "workspace_stage", "sha256": name, "offset": offset,
+                "data": base64.b64encode(data).decode(), "last": last}
+
+    agent.handle(piece(0, content[:40], False))
+    with pytest.raises(shim.ProtocolError, match="does not follow"):
+        agent.handle(piece(50, content[50:], True))  # a gap
+    with pytest.raises(shim.ToolError, match="does not match"):
+        agent.handle(piece(40, b"x" * 60, True))  # the right length, the wrong content
+    with pytest.raises(shim.ToolError, match="not staged"):
+        agent.handle({"op": "workspace_restore", "changes": [{"path": "a", "kind": "file", "mode": 0o644,
+                                                              "blob": sha}]})
+    assert not os.path.exists(agent.staging)  # removed by the restore, refused or not
+    agent.handle(piece(0, content[:40], False))
+    agent.handle(piece(40, content[40:], True))
+    agent.handle({"op": "workspace_restore", "changes": [{"path": "a", "kind": "file", "mode": 0o644, "blob": sha}]})
+    assert (workspace / "a").read_bytes() == content and not os.path.exists(agent.staging)

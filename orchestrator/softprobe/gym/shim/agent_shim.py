@@ -1160,7 +1160,7 @@ class Shim:
         self.episode_env_set = False  # one episode_env op per shim, before any call
         self.served_call = False
         # A workspace snapshot under way (its later chunks): the digest, the blobs still to
-        # send as [sha, path, size], the offset into the first and the bytes sent so far.
+        # send as [sha, path, size] (the next one last), the offset into it and the bytes sent.
         self.snapshot_cursor: dict[str, Any] | None = None
         # Blobs a workspace restore writes, staged piece by piece (root's; see workspace_stage).
         self.staging = self.workspace + ".staging" if local else DEFAULT_STAGING
@@ -1974,6 +1974,7 @@ class Shim:
             total = sum(size for _sha, _path, size in pending)
             if total > max_bytes:
                 raise ToolError("over_budget", "the workspace's new content is %d bytes, over %d" % (total, max_bytes))
+            pending.reverse()  # taken from the end: the first file last in the list
             cursor = {"digest": self.index.digest, "pending": pending, "offset": 0, "sent": 0}
             reply = {"workspace_digest": self.index.digest, "entries": manifest,
                      "sizes": {sha: size for sha, _path, size in pending}}
@@ -1981,7 +1982,7 @@ class Shim:
         room = chunk
         pending = cursor["pending"]
         while pending and (room > 0 or not pieces):
-            sha, path, size = pending[0]
+            sha, path, size = pending[-1]
             offset = cursor["offset"]
             try:
                 fd = os.open(os.path.join(os.fsencode(self.workspace), os.fsencode(path)),
@@ -1997,7 +1998,7 @@ class Shim:
             room -= len(data)
             cursor["sent"] += len(data)
             if last:
-                pending.pop(0)
+                pending.pop()
                 cursor["offset"] = 0
             else:
                 cursor["offset"] = offset + len(data)
