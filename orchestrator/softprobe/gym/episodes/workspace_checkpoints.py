@@ -112,18 +112,6 @@ class BlobStore:
         """How many blobs are held."""
         return len(self.known())
 
-    def add(self, blobs: dict[str, bytes]) -> None:
-        """Write blobs not held yet (each checked against its name; blocking)."""
-        self.blobs.mkdir(parents=True, exist_ok=True)
-        known = self.known()
-        for sha, data in blobs.items():
-            if sha in known:
-                continue
-            tmp = self.blobs / f".{sha}.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, self.blobs / sha)
-            known.add(sha)
-
     def size(self, sha: str) -> int:
         """A blob's size (blocking).
 
@@ -242,6 +230,11 @@ async def _ask(
                 f"the workspace's new content exceeds checkpoint_budget_bytes={budget_bytes} ({err.detail}); "
                 "nothing was stored and the episode goes on. Delete large files first, or raise the budget.",
                 size_bytes=None, budget_bytes=budget_bytes or 0,
+            ) from None
+        if err.kind == "processes_survive":
+            raise WorkspaceCheckpointError(
+                f"the workspace cannot be checkpointed: {err.detail}. Nothing was stored and the episode goes "
+                "on; try again once the process has exited, or reset the episode."
             ) from None
         raise WorkspaceCheckpointError(
             f"the workspace cannot be checkpointed: {err.detail}. Nothing was stored and the episode goes "
