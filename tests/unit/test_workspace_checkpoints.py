@@ -5,6 +5,7 @@ pooled or fresh sandbox and verified by digest (on the local provider)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from helpers import local_objects, ready, tool
@@ -107,14 +108,16 @@ async def test_a_tampered_manifest_fails_verification(tmp_path, seed_root, local
 
 
 async def test_budget_counts_new_blobs_only(tmp_path, seed_root, local_provider):
-    async with host_of(tmp_path, seed_root, local_provider, checkpoint_budget_bytes=20000) as host:
+    async with host_of(tmp_path, seed_root, local_provider, checkpoint_budget_bytes=32000) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="y" * 15000))
         await host.checkpoint(episode_id="ep-1")
         await host.step(episode_id="ep-1", action=tool("fs.write", path="b.txt", content="z" * 15000))
-        second = await host.checkpoint(episode_id="ep-1")  # 15000 new bytes: within budget
+        # 15000 new bytes (and a manifest): within budget; the first also held the seed's small
+        # files, a 4096-byte block each.
+        second = await host.checkpoint(episode_id="ep-1")
         assert second.bytes_added == 15000
-        await host.step(episode_id="ep-1", action=tool("fs.write", path="c.txt", content="w" * 25000))
+        await host.step(episode_id="ep-1", action=tool("fs.write", path="c.txt", content="w" * 40000))
         held = blobs(host, "ep-1")
         with pytest.raises(CheckpointTooLargeError):
             await host.checkpoint(episode_id="ep-1")
@@ -156,3 +159,54 @@ def test_refused_for_a_world_with_services(tmp_path):
 def test_unknown_scope_is_refused(tmp_path):
     with pytest.raises(ConfigurationError, match="checkpoint_scope"):
         create_host_environment(run_root=tmp_path / "run", capabilities={**WORKSPACE, "checkpoint_scope": "disk"})
+
+
+async def test_a_checkpoint_comes_in_chunks_and_restores_whole(tmp_path, seed_root, local_provider, monkeypatch):
+    """Content moves in chunks of at most CHUNK_BYTES (a file larger than one is split across
+    replies), and the restored workspace is the same, digest for digest."""
+    from softprobe.gym.episodes import workspace_checkpoints
+
+    monkeypatch.setattr(workspace_checkpoints, "CHUNK_BYTES", 1000)
+    async with host_of(tmp_path, seed_root, local_provider) as host:
+        await ready(host)
+        await host.step(episode_id="ep-1", action=tool(
+            "shell.exec", command="head -c 5500 /dev/urandom > big.bin && : > empty && for i in 1 2 3; do echo $i > f$i; done"))
+        record = await host.checkpoint(episode_id="ep-1")
+        assert record.bytes_added >= 5500
+        assert not list((host.run_root / "episodes/ep-1/checkpoints").glob(".staging-*"))
+        child = await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
+        same = await host.step(episode_id=child.episode_id, action=tool("shell.exec", command="cmp big.bin empty; wc -c < big.bin"))
+        assert "5500" in str(same.observation)
+
+
+def test_the_shim_stages_blobs_in_order_and_checked(tmp_path):
+    """workspace_stage takes a blob's pieces in order only, checks the whole against its name,
+    and workspace_restore writes only staged blobs, then removes the staging."""
+    import base64
+    import hashlib
+
+    from softprobe.gym.shim import agent_shim as shim
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    agent = shim.Shim(str(workspace), str(tmp_path / "no-manifest.json"), local=True)
+    content = b"0123456789" * 10
+    sha = hashlib.sha256(content).hexdigest()
+
+    def piece(offset: int, data: bytes, last: bool, name: str = sha) -> dict:
+        return {"op": "workspace_stage", "sha256": name, "offset": offset,
+                "data": base64.b64encode(data).decode(), "last": last}
+
+    agent.handle(piece(0, content[:40], False))
+    with pytest.raises(shim.ProtocolError, match="does not follow"):
+        agent.handle(piece(50, content[50:], True))  # a gap
+    with pytest.raises(shim.ToolError, match="does not match"):
+        agent.handle(piece(40, b"x" * 60, True))  # the right length, the wrong content
+    with pytest.raises(shim.ToolError, match="not staged"):
+        agent.handle({"op": "workspace_restore", "changes": [{"path": "a", "kind": "file", "mode": 0o644,
+                                                              "blob": sha}]})
+    assert not os.path.exists(agent.staging)  # removed by the restore, refused or not
+    agent.handle(piece(0, content[:40], False))
+    agent.handle(piece(40, content[40:], True))
+    agent.handle({"op": "workspace_restore", "changes": [{"path": "a", "kind": "file", "mode": 0o644, "blob": sha}]})
+    assert (workspace / "a").read_bytes() == content and not os.path.exists(agent.staging)

@@ -136,11 +136,13 @@ class CheckpointTooLargeError(GymError):
     committed and the episode goes on. Delete large files first, or raise the budget.
 
     Attributes:
-        size_bytes: the size of the changes (apparent size, as Docker counts it).
+        size_bytes: the size of the changes (apparent size, as Docker counts it; for a
+            workspace checkpoint, the host disk its new blobs and manifest would use), or None
+            when it is not known (the sandbox stopped counting at the budget).
         budget_bytes: the budget.
     """
 
-    def __init__(self, message: str, *, size_bytes: int, budget_bytes: int) -> None:
+    def __init__(self, message: str, *, size_bytes: int | None, budget_bytes: int) -> None:
         super().__init__(message)
         self.size_bytes = size_bytes
         self.budget_bytes = budget_bytes

@@ -71,26 +71,14 @@ class Admission:
             spec = self._registry.spec(labels=labels, seed=False, image=entry.record.image_id, episode=episode)
             return await Runtime.start(self._provider, spec)
         # A workspace checkpoint: the archive restored into a warm pooled sandbox (or a fresh one).
-        changes = asyncio.to_thread(entry.workspace.change_set)
         pooled = self._registry.attempt_world(episode) == self._registry.attempt_world(None)
         runtime = self.pool.take() if self.pool is not None and pooled else None
         if runtime is None:
-            started = asyncio.ensure_future(
-                Runtime.start(self._provider, self._registry.spec(labels=labels, seed=False, episode=episode)))
-            try:
-                change_set = await changes
-            except BaseException:
-                await asyncio.shield(_remove_started(started))
-                raise
-            runtime = await started
-        else:
-            try:
-                change_set = await changes
-            except BaseException:
-                await asyncio.shield(runtime.remove())
-                raise
+            spec = self._registry.spec(labels=labels, seed=False, episode=episode)
+            runtime = await Runtime.start(self._provider, spec)
         try:
-            await runtime.workspace_restore(change_set)
+            # In chunks (blobs staged in the sandbox, then the manifest): never all in memory.
+            await entry.workspace.restore(runtime)
         except BaseException:
             await asyncio.shield(runtime.remove())
             raise
@@ -176,15 +164,6 @@ class Admission:
             await self.pool.close()
         await asyncio.gather(*list(self._retiring), return_exceptions=True)
         await self._provider.remove_labelled({L.HOST: self._registry.host_id})
-
-
-async def _remove_started(started: asyncio.Future[Runtime]) -> None:
-    """Remove the sandbox a start under way gives (or let its failure go: nothing to remove)."""
-    try:
-        runtime = await started
-    except BaseException:
-        return
-    await runtime.remove()
 
 
 __all__ = ["Admission"]

@@ -120,7 +120,8 @@ def create_host_environment(
         checkpoint_budget_bytes: the most filesystem changes (apparent size, as Docker's
             ``SizeRw`` counts them) a ``checkpoint`` commits (default 2 GiB), a world's
             services included; over it, ``CheckpointTooLargeError`` and nothing is committed.
-            ``None``: no limit.
+            With ``checkpoint_scope="workspace"``: the host disk of the new blobs (at least a
+            4 KiB block each) and the manifest. ``None``: no limit.
         tools: tools added to every episode without an image build (:class:`ToolDefinition` or dicts
             of its fields: ``name``, ``description``, ``args`` as JSON Schema, ``command``,
             ``output``, ``timeout_s``); the shim serves them like image-declared tools.

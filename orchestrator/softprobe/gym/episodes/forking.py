@@ -221,21 +221,25 @@ class Forker:
         ids: list[str | None] = list(child_episode_ids) if child_episode_ids else [None] * n
         # All children at once: their sandboxes start (or come from the pool) concurrently, and a
         # prefix is replayed in each from the parent's tape entries, shared (never re-recorded).
-        outcomes = await asyncio.gather(
-            *(self.fork(parent, path, checkpoint_id, prefix_length, child_id, strict) for child_id in ids),
-            return_exceptions=True,
-        )
+        tasks = [asyncio.ensure_future(self.fork(parent, path, checkpoint_id, prefix_length, child_id, strict))
+                 for child_id in ids]
+        try:
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            # The caller gave up (a timeout): all or nothing holds here too. Each unfinished fork
+            # cleans up after itself once cancelled; the finished ones are destroyed here.
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            done = [task.result() for task in tasks if not task.cancelled() and task.exception() is None]
+            await self._destroy_all(done)
+            raise
         failures = {index: outcome for index, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)}
         if not failures:
             return [outcome for outcome in outcomes if isinstance(outcome, ForkResult)]
         created = [outcome for outcome in outcomes if isinstance(outcome, ForkResult)]
         # All or nothing: a group with a hole in it is not the group asked for.
-        await asyncio.shield(asyncio.gather(
-            *(self._host.destroy(episode_id=child.episode_id, cleanup=True) for child in created),
-            return_exceptions=True,
-        ))
-        for child in created:
-            self._registry.forget(child.episode_id)
+        await self._destroy_all(created)
         cancelled = [f for f in failures.values() if isinstance(f, asyncio.CancelledError)]
         if cancelled and len(cancelled) == len(failures):
             raise cancelled[0]
@@ -245,6 +249,16 @@ class Forker:
             f"{len(created)} children created were destroyed again: nothing of the group is left.",
             failures=failures, cancelled=len(created),
         ) from next(iter(failures.values()))
+
+    async def _destroy_all(self, children: list[ForkResult]) -> None:
+        """Destroys the given children (shielded: it runs to the end even while the caller is
+        being cancelled) and frees their ids."""
+        await asyncio.shield(asyncio.gather(
+            *(self._host.destroy(episode_id=child.episode_id, cleanup=True) for child in children),
+            return_exceptions=True,
+        ))
+        for child in children:
+            self._registry.forget(child.episode_id)
 
     async def _import_checkpoint(self, parent: Episode, child: Episode, entry: Checkpoint) -> ForkLineage:
         record = entry.record

@@ -35,6 +35,7 @@ from softprobe.gym.errors import (
     ConfigurationError,
     EpisodeExistsError,
     EpisodeNotFoundError,
+    ForkRequestError,
     LifecycleError,
     SandboxError,
     SandboxLostError,
@@ -44,7 +45,7 @@ from softprobe.gym.settings import Capabilities
 
 #: Calls a worker serves: the :class:`Host` protocol's operations, plus the bench's floor.
 _OPERATIONS = frozenset({"create_episode", "reset", "step", "checkpoint", "fork", "fork_many", "finalize", "destroy",
-                         "tool_specs", "set_max_steps", "trajectory", "state", "_floor"})
+                         "tool_specs", "set_max_steps", "trajectory", "state", "_floor", "_discard"})
 
 
 def run_loop(main: Any) -> Any:
@@ -52,6 +53,10 @@ def run_loop(main: Any) -> Any:
     try:
         import uvloop  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
+        uvloop = None
+    if uvloop is None:
+        # Outside the except block: a worker's error tracebacks would otherwise carry the
+        # ImportError as their context ("During handling of the above exception...").
         return asyncio.run(main)
     return uvloop.run(main)  # pragma: no cover - only with the optional uvloop
 
@@ -114,6 +119,9 @@ async def _serve(conn: Connection, options: dict[str, Any]) -> None:
         try:
             if operation == "_floor":
                 value: Any = await _floor(host, **kwargs)
+            elif operation == "_discard":
+                await _discard(host, **kwargs)
+                value = None
             else:
                 value = getattr(host, operation)(**kwargs)
                 if asyncio.iscoroutine(value):
@@ -160,6 +168,13 @@ async def _serve(conn: Connection, options: dict[str, Any]) -> None:
             conn.send_bytes(pickle.dumps([(-1, outcome)]))
         except OSError:
             pass
+
+
+async def _discard(host: Any, episode_id: str) -> None:
+    """Undo an episode its caller never got (a cancelled create or fork): destroyed with its
+    folder, and its id free again (as a failed fork's child)."""
+    await host.destroy(episode_id=episode_id, cleanup=True)
+    host._registry.forget(episode_id)  # noqa: SLF001 - the worker owns this host
 
 
 async def _floor(host: Any, episode_ids: list[str], steps: int) -> float:
@@ -244,6 +259,7 @@ class ShardedHost:
         self._ids = itertools.count(1)
         self._capabilities: Capabilities | None = None
         self._closed = False
+        self._undoing: set[asyncio.Task[None]] = set()  # compensations of cancelled creating calls
         self.run_root = Path(options["run_root"]).expanduser().resolve() if options.get("run_root") else None
 
     async def start(self) -> ShardedHost:
@@ -307,6 +323,10 @@ class ShardedHost:
         return self._worker(episode_id).index
 
     async def _call(self, worker: _Worker, operation: str, **kwargs: Any) -> Any:
+        return _unwrap(await self._send(worker, operation, **kwargs))
+
+    def _send(self, worker: _Worker, operation: str, **kwargs: Any) -> asyncio.Future[Any]:
+        """Queue one call to ``worker``; the future of its (pickled) reply."""
         if self._closed:
             raise LifecycleError("*", "closed", "use", "this host is closed; create a new one")
         if worker.gone is not None:
@@ -320,7 +340,61 @@ class ShardedHost:
             worker.pending.pop(call_id, None)
             raise ConfigurationError(
                 f"the arguments of {operation} cannot be sent to a worker process: {err}") from None
-        return _unwrap(await future)
+        return future
+
+    async def _call_placing(self, worker: _Worker, ids: list[str], operation: str, **kwargs: Any) -> Any:
+        """A call that makes the episodes ``ids`` on ``worker`` (placed here first, so that no
+        other call takes them). A refusal frees the ids again. A caller cancelled once the call
+        may have reached the worker leaves them placed until the worker answers; what it then
+        made is destroyed again in the background (awaited by :meth:`close`): no episode is
+        left in a worker that the parent cannot reach."""
+        for episode_id in ids:
+            self._placement[episode_id] = worker
+        worker.episodes += len(ids)
+        try:
+            future = self._send(worker, operation, **kwargs)
+        except BaseException:
+            self._unplace(worker, ids)
+            raise
+        try:
+            # Shielded: the caller's cancel must not drop the reply that says what was made.
+            reply = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            task = asyncio.get_running_loop().create_task(self._undo(worker, ids, future))
+            self._undoing.add(task)
+            task.add_done_callback(self._undoing.discard)
+            raise
+        except BaseException:  # the worker is gone
+            self._unplace(worker, ids)
+            raise
+        try:
+            return _unwrap(reply)
+        except BaseException:
+            self._unplace(worker, ids)
+            raise
+
+    def _unplace(self, worker: _Worker, ids: list[str]) -> None:
+        for episode_id in ids:
+            if self._placement.get(episode_id) is worker:
+                del self._placement[episode_id]
+                worker.episodes -= 1
+
+    async def _undo(self, worker: _Worker, ids: list[str], future: asyncio.Future[Any]) -> None:
+        """The compensation of a cancelled creating call: wait for the worker's answer and, if it
+        made the episodes, destroy them (cleanup=True: nobody asked for their records)."""
+        try:
+            kind, _ = pickle.loads(await future)
+        except BaseException:  # noqa: BLE001 - the worker is gone: its episodes went with it
+            kind = "error"
+        if kind == "ok":
+            for episode_id in ids:
+                if self._placement.get(episode_id) is not worker:
+                    continue  # destroyed by the caller meanwhile
+                try:
+                    await self._call(worker, "_discard", episode_id=episode_id)
+                except BaseException:  # noqa: BLE001, S112 - best effort; close() destroys the rest
+                    continue
+        self._unplace(worker, ids)
 
     def _worker(self, episode_id: str) -> _Worker:
         if self._closed:
@@ -342,14 +416,8 @@ class ShardedHost:
         worker = min((w for w in self._workers if w.gone is None), key=lambda w: w.episodes, default=None)
         if worker is None:
             raise SandboxLostError("every worker of this sharded host has exited")
-        self._placement[episode_id] = worker
-        worker.episodes += 1
-        try:
-            handle: EpisodeHandle = await self._call(worker, "create_episode", episode_id=episode_id, **options)
-        except BaseException:
-            del self._placement[episode_id]
-            worker.episodes -= 1
-            raise
+        handle: EpisodeHandle = await self._call_placing(worker, [episode_id], "create_episode",
+                                                         episode_id=episode_id, **options)
         return handle
 
     async def reset(self, *, episode_id: str) -> ResetResult:
@@ -383,15 +451,8 @@ class ShardedHost:
         child = f"ep-{uuid.uuid4().hex[:12]}" if child_episode_id is None else child_episode_id
         if child in self._placement:
             raise EpisodeExistsError(f"episode {child!r} already exists on this host; pick another child_episode_id")
-        self._placement[child] = worker
-        worker.episodes += 1
-        try:
-            result: ForkResult = await self._call(worker, "fork", episode_id=episode_id, path=path,
-                                                  child_episode_id=child, **options)
-        except BaseException:
-            del self._placement[child]
-            worker.episodes -= 1
-            raise
+        result: ForkResult = await self._call_placing(worker, [child], "fork", episode_id=episode_id, path=path,
+                                                      child_episode_id=child, **options)
         return result
 
     async def fork_many(
@@ -401,23 +462,15 @@ class ShardedHost:
         its tape prefix or checkpoint blobs there)."""
         worker = self._worker(episode_id)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigurationError(f"n must be a positive number of children, not {n!r}")
+            # The same refusal as HostEnvironment.fork_many (the Host protocol's ForkRequestError).
+            raise ForkRequestError(f"fork_many needs n= a positive int (how many children), got {n!r}")
         children = [f"ep-{uuid.uuid4().hex[:12]}" for _ in range(n)] if child_episode_ids is None else child_episode_ids
         taken = [child for child in children if child in self._placement]
         if taken:
             raise EpisodeExistsError(f"episodes {taken!r} already exist on this host; pick other child_episode_ids")
-        placed = list(dict.fromkeys(children))
-        for child in placed:
-            self._placement[child] = worker
-        worker.episodes += len(placed)
-        try:
-            results: list[ForkResult] = await self._call(worker, "fork_many", episode_id=episode_id, n=n, path=path,
-                                                         child_episode_ids=children, **options)
-        except BaseException:
-            for child in placed:
-                del self._placement[child]
-            worker.episodes -= len(placed)
-            raise
+        results: list[ForkResult] = await self._call_placing(
+            worker, list(dict.fromkeys(children)), "fork_many", episode_id=episode_id, n=n, path=path,
+            child_episode_ids=children, **options)
         return results
 
     async def finalize(self, *, episode_id: str) -> FinalizeResult:
@@ -458,6 +511,9 @@ class ShardedHost:
         """
         if self._closed:
             return
+        # Compensations first: each needs its worker's answer, then a destroy call.
+        while self._undoing:
+            await asyncio.gather(*self._undoing, return_exceptions=True)
         self._closed = True
         loop = asyncio.get_running_loop()
         problems: list[BaseException] = []

@@ -12,7 +12,8 @@ Layout in the episode's folder::
 
 A checkpoint asks the shim only for the files whose sha256 this episode's store does not hold
 yet, so a second checkpoint of a barely changed workspace moves (and stores) barely anything;
-``checkpoint_budget_bytes`` counts those new blobs.
+``checkpoint_budget_bytes`` counts the host disk those new blobs and the manifest use: each blob
+is its own file, so it counts at least one file-system block (:data:`BLOCK_BYTES`).
 """
 
 from __future__ import annotations
@@ -23,18 +24,26 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from softprobe.gym.errors import CheckpointTooLargeError, WorkspaceCheckpointError
 from softprobe.gym.shim.client import ShimRefusedError
-from softprobe.gym.shim.protocol import WorkspaceSnapshotResult
+from softprobe.gym.shim.protocol import WorkspaceSnapshotRequest, WorkspaceSnapshotResult, WorkspaceStageRequest
 from softprobe.gym.shim.runtime import Runtime
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: A manifest entry: path (relative to the workspace), kind, permission bits, sha256 or target.
 ManifestEntry = tuple[str, str, int, str]
+#: The least host disk a stored blob uses (one block of a usual file system).
+BLOCK_BYTES = 4096
+
+
+def disk_bytes(size: int) -> int:
+    """What a blob of ``size`` bytes counts against the budget: at least one block."""
+    return max(size, BLOCK_BYTES)
 
 
 @dataclass(frozen=True)
@@ -47,9 +56,30 @@ class WorkspaceSnapshot:
     blobs_added: int
     bytes_added: int
 
-    def change_set(self) -> list[dict[str, Any]]:
-        """The manifest as an ``apply_changes`` set with every file's data (blocking: reads blobs)."""
-        cache: dict[str, str] = {}
+    async def restore(self, runtime: Runtime) -> None:
+        """Make ``runtime``'s (fresh) workspace this checkpoint's: each blob is staged in the
+        sandbox in pieces of at most :data:`CHUNK_BYTES` (checked against its name here before
+        its last piece goes), then the manifest is applied naming the staged blobs.
+
+        Raises:
+            WorkspaceCheckpointError: a blob is missing or changed on disk (nothing restored).
+            ShimRefusedError, SandboxLostError: the sandbox refused the set or died.
+        """
+        for sha in dict.fromkeys(value for _path, kind, _mode, value in self.entries if kind == "file"):
+            size = await asyncio.to_thread(self.store.size, sha)
+            hasher = hashlib.sha256()
+            offset = 0
+            while True:
+                data = await asyncio.to_thread(self.store.read_piece, sha, offset, CHUNK_BYTES)
+                hasher.update(data)
+                last = offset + len(data) >= size or not data
+                if last and hasher.hexdigest() != sha:
+                    raise self.store.changed(sha)
+                await runtime.workspace_stage(WorkspaceStageRequest(
+                    sha256=sha, offset=offset, data=base64.b64encode(data).decode("ascii"), last=last))
+                offset += len(data)
+                if last:
+                    break
         changes: list[dict[str, Any]] = []
         for path, kind, mode, value in self.entries:
             if kind == "dir":
@@ -57,11 +87,8 @@ class WorkspaceSnapshot:
             elif kind == "symlink":
                 changes.append({"path": path, "kind": "symlink", "target": value})
             else:
-                data = cache.get(value)
-                if data is None:
-                    data = cache[value] = base64.b64encode(self.store.read(value)).decode("ascii")
-                changes.append({"path": path, "kind": "file", "mode": mode, "data": data})
-        return changes
+                changes.append({"path": path, "kind": "file", "mode": mode, "blob": value})
+        await runtime.workspace_restore(changes)
 
 
 class BlobStore:
@@ -85,115 +112,204 @@ class BlobStore:
         """How many blobs are held."""
         return len(self.known())
 
-    def add(self, blobs: dict[str, bytes]) -> None:
-        """Write blobs not held yet (each checked against its name; blocking)."""
-        self.blobs.mkdir(parents=True, exist_ok=True)
-        known = self.known()
-        for sha, data in blobs.items():
-            if sha in known:
-                continue
-            tmp = self.blobs / f".{sha}.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, self.blobs / sha)
-            known.add(sha)
-
-    def read(self, sha: str) -> bytes:
-        """A blob's content, checked against its name.
+    def size(self, sha: str) -> int:
+        """A blob's size (blocking).
 
         Raises:
-            WorkspaceCheckpointError: the blob is missing or its content changed on disk.
+            WorkspaceCheckpointError: the blob is missing.
         """
         try:
-            data = (self.blobs / sha).read_bytes()
+            return (self.blobs / sha).stat().st_size
         except OSError as err:
-            raise WorkspaceCheckpointError(
-                f"blob {sha[:12]} of a workspace checkpoint cannot be read ({err}); was the episode's "
-                f"folder {self.folder.parent} changed or deleted?"
-            ) from None
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise WorkspaceCheckpointError(
-                f"blob {sha[:12]} in {self.blobs} does not hold what its name says: the checkpoint store was "
-                "changed on disk; take a new checkpoint"
-            )
-        return data
+            raise self._unreadable(sha, err) from None
 
-    def write_manifest(self, checkpoint_id: str, entries: tuple[ManifestEntry, ...], digest: str) -> None:
-        """Record a checkpoint's manifest beside its record (blocking)."""
+    def read_piece(self, sha: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of a blob from ``offset`` (blocking; the caller checks the
+        whole against its name, see :meth:`changed`).
+
+        Raises:
+            WorkspaceCheckpointError: the blob is missing.
+        """
+        try:
+            with open(self.blobs / sha, "rb") as f:
+                f.seek(offset)
+                return f.read(length)
+        except OSError as err:
+            raise self._unreadable(sha, err) from None
+
+    def changed(self, sha: str) -> WorkspaceCheckpointError:
+        """The error for a blob whose content is not what its name says."""
+        return WorkspaceCheckpointError(
+            f"blob {sha[:12]} in {self.blobs} does not hold what its name says: the checkpoint store was "
+            "changed on disk; take a new checkpoint"
+        )
+
+    def _unreadable(self, sha: str, err: OSError) -> WorkspaceCheckpointError:
+        return WorkspaceCheckpointError(
+            f"blob {sha[:12]} of a workspace checkpoint cannot be read ({err}); was the episode's "
+            f"folder {self.folder.parent} changed or deleted?"
+        )
+
+    def write_manifest(self, checkpoint_id: str, manifest: bytes) -> None:
+        """Record a checkpoint's manifest (:func:`manifest_bytes`) beside its record (blocking)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{checkpoint_id}.manifest.json"
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"workspace_digest": digest, "entries": entries}), encoding="utf-8")
+        tmp.write_bytes(manifest)
         os.replace(tmp, path)
+
+
+def manifest_bytes(entries: tuple[ManifestEntry, ...], digest: str) -> bytes:
+    """A checkpoint's manifest file, as stored."""
+    return json.dumps({"workspace_digest": digest, "entries": entries}).encode("utf-8")
+
+
+#: The most file content one shim reply carries: neither side holds more of a snapshot at once.
+CHUNK_BYTES = 8 << 20
 
 
 async def take_workspace_snapshot(
     runtime: Runtime, store: BlobStore, checkpoint_id: str, *, budget_bytes: int | None
 ) -> WorkspaceSnapshot:
-    """Archive ``runtime``'s workspace into ``store`` (only content it does not hold yet).
+    """Archive ``runtime``'s workspace into ``store`` (only content it does not hold yet), in
+    chunks of at most :data:`CHUNK_BYTES`: new blobs go to a staging folder as they come, and
+    into the store once all came and matched their names.
 
     Raises:
-        CheckpointTooLargeError: the new content exceeds ``budget_bytes`` (nothing is stored).
-        WorkspaceCheckpointError: the workspace holds what the archive cannot carry, or the
-            shim sent content that does not match its sha256 (nothing is stored).
+        CheckpointTooLargeError: the new blobs and the manifest would use more host disk than
+            ``budget_bytes`` (nothing is stored, nothing is transferred).
+        WorkspaceCheckpointError: the workspace holds what the archive cannot carry, a process
+            survived the sweep, or the shim sent content that does not match its sha256
+            (nothing is stored).
         SandboxLostError: the sandbox died.
     """
-    known = sorted(store.known())
+    known = store.known()
     limit = 1 << 62 if budget_bytes is None else max(budget_bytes, 1)
+    first = await _ask(runtime, WorkspaceSnapshotRequest(known=sorted(known), max_bytes=limit,
+                                                         chunk_bytes=CHUNK_BYTES), budget_bytes)
+    entries, sizes = _checked_manifest(first, known)
+    manifest = manifest_bytes(entries, first.workspace_digest)
+    # Host disk, not content: every blob is a file of at least one block, and the manifest too.
+    used = sum(disk_bytes(size) for size in sizes.values()) + len(manifest)
+    content = sum(sizes.values())
+    if budget_bytes is not None and used > budget_bytes:
+        raise CheckpointTooLargeError(
+            f"the checkpoint would use {used} bytes of host disk ({len(sizes)} new files of {content} content "
+            f"bytes, each at least a {BLOCK_BYTES}-byte block, and a manifest of {len(manifest)} bytes), over "
+            f"checkpoint_budget_bytes={budget_bytes}; nothing was stored and the episode goes on. Delete files "
+            "(many small ones count a block each) first, or raise the budget.",
+            size_bytes=used, budget_bytes=budget_bytes,
+        )
+    staging = _Staging(store.folder / f".staging-{checkpoint_id}", sizes)
     try:
-        snapshot = await runtime.workspace_snapshot(known=known, max_bytes=limit)
+        reply = first
+        while True:
+            await asyncio.to_thread(staging.write, reply.pieces)
+            if not reply.more:
+                break
+            reply = await _ask(runtime, WorkspaceSnapshotRequest(resume=True, chunk_bytes=CHUNK_BYTES), budget_bytes)
+        missing = sorted(set(sizes) - staging.done)
+        if missing:
+            raise WorkspaceCheckpointError(
+                f"the shim did not send {len(missing)} of the new files it listed (first {missing[0][:16]}); "
+                "nothing was stored")
+        await asyncio.to_thread(staging.commit, store, checkpoint_id, manifest)
+    finally:
+        await asyncio.to_thread(staging.remove)
+    return WorkspaceSnapshot(entries, store, first.workspace_digest, len(sizes), content)
+
+
+async def _ask(
+    runtime: Runtime, request: WorkspaceSnapshotRequest, budget_bytes: int | None
+) -> WorkspaceSnapshotResult:
+    try:
+        return await runtime.workspace_snapshot(request)
     except ShimRefusedError as err:
         if err.kind == "over_budget":
             raise CheckpointTooLargeError(
                 f"the workspace's new content exceeds checkpoint_budget_bytes={budget_bytes} ({err.detail}); "
                 "nothing was stored and the episode goes on. Delete large files first, or raise the budget.",
-                size_bytes=limit + 1, budget_bytes=budget_bytes or 0,
+                size_bytes=None, budget_bytes=budget_bytes or 0,
+            ) from None
+        if err.kind == "processes_survive":
+            raise WorkspaceCheckpointError(
+                f"the workspace cannot be checkpointed: {err.detail}. Nothing was stored and the episode goes "
+                "on; try again once the process has exited, or reset the episode."
             ) from None
         raise WorkspaceCheckpointError(
             f"the workspace cannot be checkpointed: {err.detail}. Nothing was stored and the episode goes "
             "on; remove it, or use checkpoint_scope='container'."
         ) from None
-    if budget_bytes is not None and snapshot.bytes > budget_bytes:
-        raise CheckpointTooLargeError(
-            f"the workspace's new content is {snapshot.bytes} bytes, over checkpoint_budget_bytes={budget_bytes}; "
-            "nothing was stored and the episode goes on",
-            size_bytes=snapshot.bytes, budget_bytes=budget_bytes,
-        )
-    entries, blobs = _checked(snapshot, store.known())
-    await asyncio.to_thread(_store, store, checkpoint_id, entries, blobs, snapshot.workspace_digest)
-    return WorkspaceSnapshot(entries, store, snapshot.workspace_digest, len(blobs), sum(map(len, blobs.values())))
 
 
-def _store(
-    store: BlobStore, checkpoint_id: str, entries: tuple[ManifestEntry, ...], blobs: dict[str, bytes], digest: str
-) -> None:
-    store.add(blobs)
-    store.write_manifest(checkpoint_id, entries, digest)
-
-
-def _checked(
+def _checked_manifest(
     snapshot: WorkspaceSnapshotResult, known: set[str]
-) -> tuple[tuple[ManifestEntry, ...], dict[str, bytes]]:
-    """The manifest and decoded blobs of the shim's reply, checked: the container is not trusted
-    to name blobs (names become file names) or to send content matching its name."""
-    blobs: dict[str, bytes] = {}
-    for sha, text in snapshot.blobs.items():
-        try:
-            data = base64.b64decode(text, validate=True) if _SHA256.match(sha) else None
-        except ValueError:
-            data = None
-        if data is None or hashlib.sha256(data).hexdigest() != sha:
-            raise WorkspaceCheckpointError(
-                f"the shim sent workspace content that does not match its name {sha[:16]!r}; nothing was stored"
-            )
-        blobs[sha] = data
+) -> tuple[tuple[ManifestEntry, ...], dict[str, int]]:
+    """The manifest and the sizes of the new blobs, checked: the container is not trusted to
+    name blobs (names become file names) or to leave content out."""
+    sizes = dict(snapshot.sizes)
+    if snapshot.blobs or any(not _SHA256.match(sha) or sha in known or size < 0 for sha, size in sizes.items()):
+        raise WorkspaceCheckpointError("the shim listed new workspace content under invalid names; nothing was stored")
     entries = tuple((path, kind, mode, value) for path, kind, mode, value in snapshot.entries)
     for path, kind, _mode, value in entries:
-        if kind == "file" and value not in blobs and value not in known:
+        if kind == "file" and value not in sizes and value not in known:
             raise WorkspaceCheckpointError(
-                f"the shim's manifest names content {value[:16]!r} for {path!r} that it neither sent nor the "
+                f"the shim's manifest names content {value[:16]!r} for {path!r} that it neither sends nor the "
                 "store holds; nothing was stored"
             )
-    return entries, blobs
+    return entries, sizes
+
+
+class _Staging:
+    """New blobs of one checkpoint, written piece by piece as they come (blocking methods)."""
+
+    def __init__(self, folder: Path, sizes: dict[str, int]) -> None:
+        self.folder = folder
+        self.sizes = sizes
+        self.done: set[str] = set()
+        self._current: tuple[str, Any, Any, int] | None = None  # sha, file, hasher, next offset
+
+    def write(self, pieces: list[tuple[str, int, str, bool]]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for sha, offset, text, last in pieces:
+            try:
+                data = base64.b64decode(text, validate=True)
+            except ValueError:
+                data = None
+            current = self._current
+            if offset == 0 and current is None and sha in self.sizes and sha not in self.done:
+                current = (sha, open(self.folder / sha, "xb"), hashlib.sha256(), 0)  # noqa: SIM115 - kept open across chunks
+            if data is None or current is None or current[0] != sha or current[3] != offset \
+                    or offset + len(data) > self.sizes[sha]:
+                raise WorkspaceCheckpointError(
+                    f"the shim sent workspace content out of order or past its size ({sha[:16]!r} at {offset}); "
+                    "nothing was stored")
+            _sha, handle, hasher, _offset = current
+            handle.write(data)
+            hasher.update(data)
+            self._current = (sha, handle, hasher, offset + len(data))
+            if last:
+                handle.close()
+                self._current = None
+                if offset + len(data) != self.sizes[sha] or hasher.hexdigest() != sha:
+                    raise WorkspaceCheckpointError(
+                        f"the shim sent workspace content that does not match its name {sha[:16]!r} (did it change "
+                        "while read?); nothing was stored")
+                self.done.add(sha)
+
+    def commit(self, store: BlobStore, checkpoint_id: str, manifest: bytes) -> None:
+        store.blobs.mkdir(parents=True, exist_ok=True)
+        known = store.known()
+        for sha in self.done:
+            os.replace(self.folder / sha, store.blobs / sha)
+            known.add(sha)
+        store.write_manifest(checkpoint_id, manifest)
+
+    def remove(self) -> None:
+        if self._current is not None:
+            self._current[1].close()
+            self._current = None
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 __all__ = ["BlobStore", "ManifestEntry", "WorkspaceSnapshot", "take_workspace_snapshot"]

@@ -17,8 +17,10 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
     {"id": 6, "op": "export_changes", "max_bytes": 8388608}   (what the last call changed, for a tape)
     {"id": 7, "op": "apply_changes", "changes": [{"path": "a.txt", "kind": "file", "mode": 420, "data": "..."}]}
     {"id": 8, "op": "episode_env", "clock_start": 1700000000, "random_seed": 42}
-    {"id": 9, "op": "workspace_snapshot", "known": ["<sha256>", ...], "max_bytes": 1048576}
-    {"id": 10, "op": "workspace_restore", "changes": [...an apply_changes set...]}
+    {"id": 9, "op": "workspace_snapshot", "known": ["<sha256>", ...], "max_bytes": 1048576,
+     "chunk_bytes": 8388608}   (then {"op": "workspace_snapshot", "resume": true} while "more")
+    {"id": 10, "op": "workspace_stage", "sha256": "<sha256>", "offset": 0, "data": "<base64>", "last": true}
+    {"id": 11, "op": "workspace_restore", "changes": [...an apply_changes set, files as "blob": sha256...]}
     (host-only: a workspace checkpoint taken and restored; see ``Shim.workspace_snapshot``)
     (host-only, once, before any call: the clock every started program begins at, through the
     preloaded time shim the hello lists as the capability "time_shim", and the random seed; see
@@ -105,6 +107,7 @@ DEFAULT_MANIFEST = "/etc/softprobe/tools.json"
 DEFAULT_OVERLAY = "/opt/softprobe/overlay"
 #: Where the episode's random seed is written (``episode_env``): root's, readable by all.
 DEFAULT_SEED_FILE = "/opt/softprobe/seed"
+DEFAULT_STAGING = "/opt/softprobe/staging"
 #: Where libfaketime (the time shim of ``time_policy="recorded"``) may be, in the order tried.
 TIME_SHIM_PATTERNS = ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
                       "/usr/local/lib/faketime/libfaketime.so.1")
@@ -1156,6 +1159,12 @@ class Shim:
         self.clock_env: dict[str, str] = {}  # what _clocked adds (episode_env with a clock_start)
         self.episode_env_set = False  # one episode_env op per shim, before any call
         self.served_call = False
+        # A workspace snapshot under way (its later chunks): the digest, the blobs still to
+        # send as [sha, path, size] (the next one last), the offset into it and the bytes sent.
+        self.snapshot_cursor: dict[str, Any] | None = None
+        # Blobs a workspace restore writes, staged piece by piece (root's; see workspace_stage).
+        self.staging = self.workspace + ".staging" if local else DEFAULT_STAGING
+        self.staged: dict[str, str] = {}  # sha256 -> staged file, complete and checked
         self.last_changed: list[bytes] | None = None  # what the last call changed (export_changes)
         self.builtins: dict[str, BuiltinTool] = {
             "fs.read": self.fs_read,
@@ -1170,6 +1179,8 @@ class Shim:
     def handle(self, request: dict[str, Any]) -> Any:
         """Answer one request; the result is a JSON value."""
         op = request.get("op")
+        if op != "workspace_snapshot":
+            self.snapshot_cursor = None  # its chunks come back to back: anything else ends it
         if op == "hello":
             if request.get("protocol") != PROTOCOL_VERSION:
                 raise ProtocolError(
@@ -1199,6 +1210,8 @@ class Shim:
             return self.set_episode_env(request)
         if op == "workspace_snapshot":
             return self.workspace_snapshot(request)
+        if op == "workspace_stage":
+            return self.workspace_stage(request)
         if op == "workspace_restore":
             return self.workspace_restore(request)
         raise ProtocolError("unknown op %r" % (op,))
@@ -1929,21 +1942,76 @@ class Shim:
         ``known`` (the host's blobs of this episode), after every process but the shim is gone
         and a full scan (the digest describes exactly what is listed).
 
+        In chunks, so that neither side ever holds the whole: the first reply carries the
+        manifest and ``sizes`` (sha256 -> size of each new file); every reply carries
+        ``pieces`` ``[sha256, offset, base64 data, last]`` of at most ``chunk_bytes`` of content
+        and ``more`` (true: ask again with ``resume`` true for the next chunk). Any other
+        request in between ends the snapshot.
+
         What a manifest cannot carry faithfully is refused (``workspace_unsupported``): a name
         or link target that is not UTF-8, a file with several hard links, a FIFO/socket/device,
-        an unreadable file; new content over ``max_bytes`` is ``over_budget``.
+        an unreadable file; new content over ``max_bytes`` is ``over_budget``; a process that
+        survives the sweep (reading as root beside it is unsafe) is ``processes_survive``.
         """
         import base64
 
-        known = request.get("known")
-        known_set = set(known) if isinstance(known, list) else set()
-        max_bytes = int(_bounded_number(request.get("max_bytes"), 1 << 40, 1 << 62))
-        clear_processes()
-        self.full_scan()
+        chunk = int(_bounded_number(request.get("chunk_bytes"), 1 << 62, 1 << 62))
+        if request.get("resume") is True:
+            cursor = self.snapshot_cursor
+            if cursor is None:
+                raise ProtocolError("workspace_snapshot resume without a snapshot under way")
+            reply: dict[str, Any] = {"workspace_digest": cursor["digest"], "entries": [], "sizes": {}}
+        else:
+            cursor = self.snapshot_cursor = None
+            known = request.get("known")
+            known_set = set(known) if isinstance(known, list) else set()
+            max_bytes = int(_bounded_number(request.get("max_bytes"), 1 << 40, 1 << 62))
+            if not clear_processes():
+                raise ToolError("processes_survive", "a process of the container survived the sweep (an "
+                                "uninterruptible sleep?): the workspace is not read as root beside it")
+            self.full_scan()
+            manifest, pending = self._workspace_manifest(known_set)
+            total = sum(size for _sha, _path, size in pending)
+            if total > max_bytes:
+                raise ToolError("over_budget", "the workspace's new content is %d bytes, over %d" % (total, max_bytes))
+            pending.reverse()  # taken from the end: the first file last in the list
+            cursor = {"digest": self.index.digest, "pending": pending, "offset": 0, "sent": 0}
+            reply = {"workspace_digest": self.index.digest, "entries": manifest,
+                     "sizes": {sha: size for sha, _path, size in pending}}
+        pieces: list[list[Any]] = []
+        room = chunk
+        pending = cursor["pending"]
+        while pending and (room > 0 or not pieces):
+            sha, path, size = pending[-1]
+            offset = cursor["offset"]
+            try:
+                fd = os.open(os.path.join(os.fsencode(self.workspace), os.fsencode(path)),
+                             os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(max(1, min(room, size - offset)) if size > offset else 0)
+            except OSError as err:
+                self.snapshot_cursor = None
+                raise ToolError("workspace_unsupported", "%r cannot be read: %s" % (path, err)) from None
+            last = offset + len(data) >= size or not data
+            pieces.append([sha, offset, base64.b64encode(data).decode("ascii"), last])
+            room -= len(data)
+            cursor["sent"] += len(data)
+            if last:
+                pending.pop()
+                cursor["offset"] = 0
+            else:
+                cursor["offset"] = offset + len(data)
+        self.snapshot_cursor = cursor if pending else None
+        reply.update({"blobs": {}, "pieces": pieces, "bytes": cursor["sent"], "more": bool(pending)})
+        return reply
+
+    def _workspace_manifest(self, known: set[str]) -> tuple[list[list[Any]], list[tuple[str, str, int]]]:
+        """The manifest of the scanned workspace and the new files to send: [sha, path, size]."""
         root = os.fsencode(self.workspace)
         manifest: list[list[Any]] = []
-        blobs: dict[str, str] = {}
-        sent = 0
+        pending: list[tuple[str, str, int]] = []
+        queued: set[str] = set()
         for rel in sorted(self.index.entries):
             kind, mode, content = self.index.entries[rel]
             try:
@@ -1960,36 +2028,90 @@ class Shim:
                 manifest.append([path, "symlink", 0, target])
             elif kind == "f" and len(content) == 64:  # a plain sha256: one link, readable
                 manifest.append([path, "file", mode, content])
-                if content in known_set or content in blobs:
+                if content in known or content in queued:
                     continue
                 try:
-                    fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-                    with os.fdopen(fd, "rb") as f:
-                        data = f.read()
+                    size = os.lstat(os.path.join(root, rel)).st_size
                 except OSError as err:
                     raise ToolError("workspace_unsupported", "%r cannot be read: %s" % (path, err)) from None
-                if hashlib.sha256(data).hexdigest() != content:
-                    raise ToolError("workspace_unsupported", "%r changed while it was read" % path)
-                sent += len(data)
-                if sent > max_bytes:
-                    raise ToolError("over_budget", "the workspace's new content exceeds %d bytes (at %r)"
-                                    % (max_bytes, path))
-                blobs[content] = base64.b64encode(data).decode("ascii")
+                queued.add(content)
+                pending.append((content, path, size))
             else:
                 what = "has several hard links" if ":links=" in content else (
                     "cannot be read" if content.startswith("unreadable:") else "is not a file, folder or link")
                 raise ToolError("workspace_unsupported", "%r %s" % (path, what))
-        return {"workspace_digest": self.index.digest, "entries": manifest, "blobs": blobs, "bytes": sent}
+        return manifest, pending
+
+    def workspace_stage(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Stage a piece of one blob a workspace restore will write (host-only, before any
+        call): ``offset`` 0 starts it, each piece follows the last, and ``last`` checks the
+        whole against its sha256. Staged blobs are root's, read-only, in a folder the agent
+        cannot write (removed by ``workspace_restore``), so the restore never holds them all."""
+        import base64
+        import binascii
+
+        if self.served_call:
+            raise ProtocolError("workspace_stage comes before any call")
+        sha, offset, last = request.get("sha256"), request.get("offset"), request.get("last")
+        if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef") \
+                or isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or not isinstance(last, bool):
+            raise ProtocolError("workspace_stage needs sha256 (hex), offset (int >= 0) and last (bool)")
+        try:
+            data = base64.b64decode(request.get("data") or "", validate=True)
+        except (binascii.Error, ValueError, TypeError):
+            raise ProtocolError("workspace_stage data is not base64") from None
+        if sha in self.staged:
+            raise ProtocolError("blob %s is staged already" % sha[:16])
+        if offset == 0 and not os.path.isdir(self.staging):
+            os.mkdir(self.staging, 0o755)  # root's: the agent may not write (nor swap) what is staged
+        st = os.lstat(self.staging)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise ProtocolError("the staging folder %r is not the shim's own" % self.staging)
+        path = os.path.join(self.staging, sha)
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if offset == 0 else os.O_APPEND)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as err:
+            raise ProtocolError("blob %s cannot be staged at %d: %s" % (sha[:16], offset, err)) from None
+        with os.fdopen(fd, "ab") as f:
+            if os.fstat(f.fileno()).st_size != offset:
+                raise ProtocolError("blob %s: a piece at %d does not follow the last" % (sha[:16], offset))
+            f.write(data)
+        if last:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            if digest.hexdigest() != sha:
+                os.unlink(path)
+                raise ToolError("change_set_refused", "staged blob %s does not match its name" % sha[:16])
+            os.chmod(path, 0o444)  # read by the agent's restore, written by nobody
+            self.staged[sha] = path
+        return {"staged": last, "bytes": offset + len(data)}
+
+    def _remove_staging(self) -> None:
+        self.staged = {}
+        if os.path.isdir(self.staging) and not os.path.islink(self.staging):
+            for name in os.listdir(self.staging):
+                os.unlink(os.path.join(self.staging, name))
+            os.rmdir(self.staging)
 
     def workspace_restore(self, request: dict[str, Any]) -> dict[str, Any]:
         """Make the workspace exactly a snapshot's: empty it, then write the given change set
-        (``workspace_snapshot``'s manifest with each file's data), acting as the agent; the set
-        is checked as an ``apply_changes`` one (refused before anything is written). Returns
-        the hello (its ``workspace_digest`` from a full scan); the host compares it with the
-        checkpoint's."""
-        entries = _checked_change_set(request.get("changes"))
-        if self.served_call:
-            raise ProtocolError("workspace_restore comes before any call")
+        (``workspace_snapshot``'s manifest with each file's data, or ``blob``: the sha256 of a
+        blob staged by ``workspace_stage``), acting as the agent; the set is checked as an
+        ``apply_changes`` one (refused before anything is written). The staged blobs are
+        removed after. Returns the hello (its ``workspace_digest`` from a full scan); the host
+        compares it with the checkpoint's."""
+        try:
+            entries = _checked_change_set(request.get("changes"), self.staged)
+            if self.served_call:
+                raise ProtocolError("workspace_restore comes before any call")
+            return self._restore(entries)
+        finally:
+            self._remove_staging()
+
+    def _restore(self, entries: list[Change]) -> dict[str, Any]:
         with self.identity.acting_as_agent():
             root_fd = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
@@ -2161,18 +2283,21 @@ def _export_entry(parent: int, name: bytes, path: str, budget: int) -> dict[str,
 
 
 if TYPE_CHECKING:
-    #: A checked change set entry: (path, its parts, kind, mode, file data, link target).
-    Change = tuple[bytes, tuple[bytes, ...], str, int, bytes, bytes]
+    #: A checked change set entry: (path, its parts, kind, mode, file data or the staged file
+    #: holding it (str), link target).
+    Change = tuple[bytes, tuple[bytes, ...], str, int, bytes | str, bytes]
 
 
 def _refuse(message: str) -> NoReturn:
     raise ToolError("change_set_refused", message + "; nothing was changed")
 
 
-def _checked_change_set(changes: object) -> list[Change]:
+def _checked_change_set(changes: object, staged: dict[str, str] | None = None) -> list[Change]:
     """The entries of an untrusted change set, checked for form: relative paths without ``.``,
     ``..`` or empty parts, each once; known kinds; a mode of permission bits; base64 data; and
     no entry below one that is not a folder (below an ``absent`` only other ``absent`` ones).
+    With ``staged`` (a workspace restore), a file may name its content by ``blob`` (a staged
+    sha256) instead of ``data``.
     An ``absent`` entry below a file or link of the set is dropped: replacing its parent
     removes it (an older recording could carry one)."""
     import base64
@@ -2183,7 +2308,8 @@ def _checked_change_set(changes: object) -> list[Change]:
     checked: list[Change] = []
     kinds: dict[tuple[bytes, ...], str] = {}
     for item in changes:
-        if not isinstance(item, dict) or not set(item) <= {"path", "kind", "mode", "data", "target"}:
+        allowed = {"path", "kind", "mode", "data", "target"} | ({"blob"} if staged is not None else set())
+        if not isinstance(item, dict) or not set(item) <= allowed:
             _refuse("a change set entry must be an object of path, kind, mode, data, target")
         path, kind, mode = item.get("path"), item.get("kind"), item.get("mode", 0)
         if not isinstance(path, str) or not path or "\x00" in path or path.startswith("/"):
@@ -2201,8 +2327,14 @@ def _checked_change_set(changes: object) -> list[Change]:
             _refuse("change set entry %r has an unknown kind %r" % (path, kind))
         if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
             _refuse("change set entry %r has an invalid mode %r" % (path, mode))
-        data = target = b""
-        if kind == "file":
+        data: bytes | str = b""
+        target = b""
+        if kind == "file" and "blob" in item:
+            source = staged.get(item["blob"]) if staged is not None and isinstance(item["blob"], str) else None
+            if source is None or "data" in item:
+                _refuse("change set file %r names a blob that was not staged" % path)
+            data = source
+        elif kind == "file":
             try:
                 data = base64.b64decode(item.get("data") or "", validate=True)
             except (binascii.Error, ValueError, TypeError):
@@ -2341,7 +2473,12 @@ def _apply_change_set(workspace: str, entries: list[Change]) -> None:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                              dir_fd=parent)
                 with os.fdopen(fd, "wb") as f:
-                    f.write(data)
+                    if isinstance(data, str):  # a staged blob (workspace_restore), copied in
+                        with open(data, "rb") as source:
+                            for block in iter(lambda: source.read(1 << 20), b""):
+                                f.write(block)
+                    else:
+                        f.write(data)
                     os.fchmod(f.fileno(), mode)
             finally:
                 os.close(parent)

@@ -32,6 +32,8 @@ from softprobe.gym.shim.protocol import (
     WorkspaceRestoreRequest,
     WorkspaceSnapshotRequest,
     WorkspaceSnapshotResult,
+    WorkspaceStageRequest,
+    WorkspaceStageResult,
 )
 from softprobe.gym.text import readable
 
@@ -153,11 +155,17 @@ class ShimClient:
         result = await self._request(ApplyChangesRequest(changes=changes), RESPONSE_GRACE_S + 60)
         return _validated(ApplyChangesResult, result, "apply_changes")
 
-    async def workspace_snapshot(self, *, known: list[str], max_bytes: int) -> WorkspaceSnapshotResult:
-        """The workspace's manifest and its files new to the host (see ``WorkspaceSnapshotRequest``);
-        ShimRefusedError (``workspace_unsupported``, ``over_budget``) when it cannot be taken."""
-        result = await self._request(WorkspaceSnapshotRequest(known=known, max_bytes=max_bytes), RESPONSE_GRACE_S + 120)
+    async def workspace_snapshot(self, request: WorkspaceSnapshotRequest) -> WorkspaceSnapshotResult:
+        """One chunk of the workspace's snapshot (see ``WorkspaceSnapshotRequest``);
+        ShimRefusedError (``workspace_unsupported``, ``over_budget``, ``processes_survive``)
+        when it cannot be taken."""
+        result = await self._request(request, RESPONSE_GRACE_S + 120)
         return _validated(WorkspaceSnapshotResult, result, "workspace_snapshot")
+
+    async def workspace_stage(self, request: WorkspaceStageRequest) -> WorkspaceStageResult:
+        """Stage one piece of a blob for a workspace restore (see ``WorkspaceStageRequest``)."""
+        result = await self._request(request, RESPONSE_GRACE_S + 60)
+        return _validated(WorkspaceStageResult, result, "workspace_stage")
 
     async def workspace_restore(self, changes: list[dict[str, Any]]) -> HelloResult:
         """Make the workspace exactly ``changes`` (see ``WorkspaceRestoreRequest``); the new hello."""

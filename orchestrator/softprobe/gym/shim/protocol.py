@@ -130,22 +130,51 @@ class WorkspaceSnapshotRequest(_Request):
     not hold yet (``known``); at most ``max_bytes`` of new content (host-only)."""
 
     op: Literal["workspace_snapshot"] = "workspace_snapshot"
-    known: list[str]
-    max_bytes: int
+    known: list[str] = Field(default_factory=list)
+    max_bytes: int = 1
+    #: The most file content in one reply (the transfer comes in chunks; see the result).
+    chunk_bytes: int = 8 << 20
+    #: The next chunk of the snapshot under way (``known`` and ``max_bytes`` are then ignored).
+    resume: bool = False
 
 
 class WorkspaceSnapshotResult(BaseModel):
-    """``entries``: ``[path, kind ("dir" | "file" | "symlink"), mode, sha256 or link target]``,
-    parents first; ``blobs``: sha256 -> base64 content of the files new to the host."""
+    """One chunk of a workspace snapshot. The first carries ``entries`` (``[path, kind ("dir" |
+    "file" | "symlink"), mode, sha256 or link target]``, parents first) and ``sizes`` (sha256 ->
+    size of each file new to the host); each carries ``pieces`` ``[sha256, offset, base64 data,
+    last]`` of that content, ``bytes`` (content sent so far) and ``more`` (ask again, with
+    ``resume``). ``blobs`` is empty (older shims sent whole files there)."""
 
     workspace_digest: str
     entries: list[tuple[str, Literal["dir", "file", "symlink"], int, str]]
-    blobs: dict[str, str]
+    sizes: dict[str, int] = Field(default_factory=dict)
+    pieces: list[tuple[str, int, str, bool]] = Field(default_factory=list)
+    blobs: dict[str, str] = Field(default_factory=dict)
+    bytes: int
+    more: bool = False
+
+
+class WorkspaceStageRequest(_Request):
+    """One piece of a blob a workspace restore writes (host-only, before any call): pieces
+    follow each other from ``offset`` 0; ``last`` checks the whole against ``sha256``."""
+
+    op: Literal["workspace_stage"] = "workspace_stage"
+    sha256: str
+    offset: int
+    data: str
+    last: bool
+
+
+class WorkspaceStageResult(BaseModel):
+    """Whether the blob is complete (and checked), and its bytes staged so far."""
+
+    staged: bool
     bytes: int
 
 
 class WorkspaceRestoreRequest(_Request):
-    """Empty the workspace, then write ``changes`` (an apply_changes set), before any call."""
+    """Empty the workspace, then write ``changes`` (an apply_changes set whose files may name a
+    staged blob by ``blob``: its sha256), before any call; the staged blobs are removed after."""
 
     op: Literal["workspace_restore"] = "workspace_restore"
     changes: list[dict[str, Any]]
@@ -154,7 +183,7 @@ class WorkspaceRestoreRequest(_Request):
 ShimRequest = (
     HelloRequest | CallRequest | ExistsRequest | ReadTextRequest | SeedRequest | OverlayRequest | RescanRequest
     | ExportChangesRequest | ApplyChangesRequest
-    | EpisodeEnvRequest | WorkspaceSnapshotRequest | WorkspaceRestoreRequest
+    | EpisodeEnvRequest | WorkspaceSnapshotRequest | WorkspaceStageRequest | WorkspaceRestoreRequest
 )
 
 

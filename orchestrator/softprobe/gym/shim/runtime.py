@@ -23,7 +23,9 @@ from softprobe.gym.shim.protocol import (
     CallResult,
     ExportChangesResult,
     HelloResult,
+    WorkspaceSnapshotRequest,
     WorkspaceSnapshotResult,
+    WorkspaceStageRequest,
 )
 from softprobe.gym.worlds import ToolOverlay
 
@@ -215,17 +217,29 @@ class Runtime:
         """
         return (await self._client.rescan()).workspace_digest
 
-    async def workspace_snapshot(self, *, known: list[str], max_bytes: int) -> WorkspaceSnapshotResult:
-        """The workspace's manifest and the files whose sha256 is not in ``known`` (after every
-        process but the shim is gone and a full scan).
+    async def workspace_snapshot(self, request: WorkspaceSnapshotRequest) -> WorkspaceSnapshotResult:
+        """One chunk of the workspace's snapshot: the first (after every process but the shim is
+        gone and a full scan) carries the manifest; ask again with ``resume`` while ``more``.
 
         Raises:
             ShimRefusedError: ``workspace_unsupported`` (a special file, a hard link, a name that
-                is not UTF-8) or ``over_budget``.
+                is not UTF-8), ``over_budget`` or ``processes_survive``.
             SandboxLostError: as for :meth:`call_tool`.
         """
         try:
-            return await self._client.workspace_snapshot(known=known, max_bytes=max_bytes)
+            return await self._client.workspace_snapshot(request)
+        except SandboxLostError as err:
+            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+
+    async def workspace_stage(self, request: WorkspaceStageRequest) -> None:
+        """Stage one piece of a blob for :meth:`workspace_restore`.
+
+        Raises:
+            ShimRefusedError: the piece was refused (out of order, or the blob does not match
+                its name); SandboxLostError: as for :meth:`call_tool`.
+        """
+        try:
+            await self._client.workspace_stage(request)
         except SandboxLostError as err:
             raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
 
