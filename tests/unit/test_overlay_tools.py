@@ -291,6 +291,13 @@ def test_overlay_entries_are_checked_like_a_manifest(local_shim):
     with pytest.raises(shim.ToolError, match="'shell.exec' has the name of a built-in tool") as clash:
         local_shim.install_overlay({"tools": {"shell.exec": {"command": ["true"]}}, "archive": ""})
     assert clash.value.type == "tool_conflict"
+    # The same function name as a built-in (fs.read -> fs__read), or as another overlay tool.
+    for tools, other in [({"fs__read": {"command": ["true"]}}, "fs.read"),
+                         ({"a.b": {"command": ["true"]}, "a__b": {"command": ["true"]}}, "a.b")]:
+        local_shim.overlay_requested = False
+        with pytest.raises(shim.ToolError, match=f"function name .* of tool '{other}'") as clash:
+            local_shim.install_overlay({"tools": tools, "archive": ""})
+        assert clash.value.type == "tool_conflict"
 
 
 def test_a_stale_overlay_is_replaced(local_shim):
@@ -412,3 +419,12 @@ async def test_a_tool_that_never_reads_its_arguments_is_fine(tmp_path, local_pro
         result = await host.step(episode_id="ep", action={"type": "tool", "name": "quick.exit",
                                                           "args": {"blob": "x" * size}})
         assert result.error is None and result.observation.strip() == "done"
+
+
+@pytest.mark.parametrize("names", [("a.b", "a__b"), ("fs__read",)])
+def test_tools_that_share_a_function_name_are_refused_up_front(tmp_path, names):
+    """``a.b`` and ``a__b`` (or ``fs__read`` and the built-in ``fs.read``) would give a model one
+    function for two tools: refused when the host is made, before any sandbox exists."""
+    tools = [{"name": name, "command": ["true"]} for name in names]
+    with pytest.raises(ConfigurationError, match="function names"):
+        create_host_environment(run_root=tmp_path, provider=LocalProvider(root=tmp_path / "local"), tools=tools)

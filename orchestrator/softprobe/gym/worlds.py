@@ -120,6 +120,12 @@ class ToolOverlay(BaseModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"tool names must be unique; repeated: {', '.join(duplicates)}")
+        # A model calls tools by function name ('.' as '__'): one function name for two tools
+        # (a.b and a__b, or fs__read and the built-in fs.read) would make the tool list unusable.
+        functions = [n.replace(".", "__") for n in (*names, *BUILTIN_TOOLS)]
+        same = sorted({n for n in names if functions.count(n.replace(".", "__")) > 1} - set(duplicates))
+        if same:
+            raise ValueError(f"tools must differ as function names ('.' becomes '__'); these do not: {', '.join(same)}")
         servers = [s.name for s in self.mcp_servers]
         repeated = sorted({n for n in servers if servers.count(n) > 1})
         if repeated:

@@ -1856,11 +1856,18 @@ class Shim:
         if not isinstance(tools, dict):
             raise ProtocolError("overlay tools must be an object of tool name -> manifest entry")
         entries: dict[str, dict[str, Any]] = {}
+        # A model calls tools by function name (dots as "__"): two tools with one function name
+        # would make the episode's tool list unusable, so that is a conflict too.
+        functions = {_function_name(taken): taken for taken in (*self.builtins, *self.declared, *self.mcp_tools)}
         for name, spec in tools.items():
             if name in self.builtins or name in self.declared or name in self.mcp_tools:
                 kind = ("a built-in tool" if name in self.builtins else "a tool the image declares"
                         if name in self.declared else "a tool of an MCP server the image declares")
                 raise ToolError("tool_conflict", "overlay tool %r has the name of %s" % (name, kind))
+            if _function_name(name) in functions:
+                raise ToolError("tool_conflict", "overlay tool %r has the function name %s of tool %r" % (
+                    name, _function_name(name), functions[_function_name(name)]))
+            functions[_function_name(name)] = name
             entries[name] = _overlay_entry(name, spec)
         folder = self.overlay
         servers = request.get("mcp_servers") or []
