@@ -19,7 +19,7 @@ from softprobe.gym.shim.runtime import Runtime
 from softprobe.gym.tapes.canonical import canonical_json
 from softprobe.gym.tapes.changes import GuardedWorkspace
 from softprobe.gym.tapes.http import http_step
-from softprobe.gym.tapes.processes import PROCESS_TOOL, process_context
+from softprobe.gym.tapes.processes import process_context
 from softprobe.gym.tracing import SpanHandle, Tracing, parse_traceparent
 
 #: ``score(result)``: run on a step's result before its trajectory line is written.
@@ -117,15 +117,14 @@ class Stepper:
         anything runs, or just observed), and so does a ``shell.exec`` when the tape records
         processes (a ``CHILD_PROCESS``); another built-in runs live and is noted."""
         tape = episode.tape
-        declared = next((tool for tool in runtime.hello.tools if tool.name == action.name and not tool.builtin), None)
-        process = tape is not None and action.name == PROCESS_TOOL and tape.records_processes
-        if tape is None or not (declared is not None or process):
+        category = tape.category_of(action.name, runtime.hello.tools) if tape is not None else None
+        if tape is None or category is None:
             if tape is not None:
                 tape.observe_builtin(action.name, dict(action.args), index)
             return await self._call_tool(episode, runtime, action, span)
         parsed = parse_traceparent(span.traceparent())
         context = (process_context(timeout_s=self._timeout_of(action), workspace_digest=episode.workspace_digest)
-                   if process else None)
+                   if category == "CHILD_PROCESS" else None)
 
         async def lost(err: SandboxLostError) -> BaseException:
             return await self._admission.mark_broken(episode, str(err))
@@ -135,8 +134,7 @@ class Stepper:
             # The step's span id; none without tracing (a step index would not be a span id).
             causal_parent=parsed[1] if parsed else None, workspace_digest=episode.workspace_digest,
             run=lambda: self._call_tool(episode, runtime, action, span),
-            category="CHILD_PROCESS" if process else "MCP_CALL" if declared and declared.mcp_server else "TOOL_CALL",
-            context=context,
+            category=category, context=context,
             workspace=GuardedWorkspace(runtime, lost),
         )
 

@@ -53,7 +53,6 @@ from softprobe.gym.shim.protocol import CallResult
 from softprobe.gym.shim.runtime import Runtime
 from softprobe.gym.tapes.canonical import canonical_json, sha256_digest
 from softprobe.gym.tapes.model import ClosureDependency, TapeEntry, TapeRequest, TapeResponse
-from softprobe.gym.tapes.processes import PROCESS_TOOL
 from softprobe.gym.tapes.session import TAPE_REPLAY, TapedCall, TapeSession
 from softprobe.gym.tracing import parse_traceparent
 
@@ -122,8 +121,7 @@ async def http_step(
     call = await run()
     # A declared tool's TOOL_CALL/MCP_CALL entry, or a taped process's CHILD_PROCESS entry, covers
     # the HTTP it made: never recorded twice (WORLDS.md: never dual-execute).
-    covered = (any(tool.name == action.name and not tool.builtin for tool in runtime.hello.tools)
-               or (action.name == PROCESS_TOOL and tape.records_processes))
+    covered = tape.category_of(action.name, runtime.hello.tools) is not None
     parsed = parse_traceparent(traceparent) if traceparent else None
     try:
         data = await runtime.sandbox.http_journal(state.offset) or b""

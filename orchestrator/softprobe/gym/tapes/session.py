@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from softprobe.gym.errors import ReplayMissError, TapeError
 from softprobe.gym.results import StepError
-from softprobe.gym.shim.protocol import CallResult
+from softprobe.gym.shim.protocol import CallResult, HelloTool
 from softprobe.gym.tapes import changes
 from softprobe.gym.tapes.canonical import canonical_json, sha256_digest
 from softprobe.gym.tapes.changes import ChangeRecord, ChangeSetError, WorkspacePort
@@ -39,6 +39,7 @@ from softprobe.gym.tapes.model import (
     TapeResponse,
     run_level_of,
 )
+from softprobe.gym.tapes.processes import PROCESS_TOOL
 from softprobe.gym.tapes.store import TapeFolder
 
 if TYPE_CHECKING:  # tapes.clock builds on this module
@@ -131,6 +132,9 @@ class TapeSession:
                                   inherited.entry.operation, request.canonical_digest)
                     if found is not None:
                         self._source_consumed.add(found.entry.sequence)
+        # Decided once: the queues are fixed from here on (asked at every shell.exec).
+        self._records_processes = mode != "off" and (record_processes or any(
+            call.entry.category == "CHILD_PROCESS" for call in (*self._queue, *self._source_queue)))
 
     @property
     def replays_from(self) -> TapeFolder | None:
@@ -142,11 +146,19 @@ class TapeSession:
         """Whether ``shell.exec`` goes through the tape (``CHILD_PROCESS``): asked for with
         ``record_processes``, or implied in replay and in a fork's child by a tape that holds
         ``CHILD_PROCESS`` entries (a process recorded once is never run again)."""
-        if self.mode == "off":
-            return False
-        if self.record_processes:
-            return True
-        return any(call.entry.category == "CHILD_PROCESS" for call in (*self._queue, *self._source_queue))
+        return self._records_processes
+
+    def category_of(self, tool: str, tools: Sequence[HelloTool]) -> Category | None:
+        """The tape category a call of ``tool`` goes through (``tools``: the sandbox's hello),
+        or None when it runs live: a declared tool is ``TOOL_CALL`` (``MCP_CALL`` for a tool of
+        an MCP server), ``shell.exec`` is ``CHILD_PROCESS`` when processes are taped. What a
+        call of a category covers (its HTTP included) is never taped again."""
+        if tool == PROCESS_TOOL and self.records_processes:
+            return "CHILD_PROCESS"
+        declared = next((t for t in tools if t.name == tool and not t.builtin), None)
+        if declared is None:
+            return None
+        return "MCP_CALL" if declared.mcp_server else "TOOL_CALL"
 
     @property
     def cursor(self) -> int:
