@@ -194,8 +194,7 @@ def test_the_shim_stages_blobs_in_order_and_checked(tmp_path):
     sha = hashlib.sha256(content).hexdigest()
 
     def piece(offset: int, data: bytes, last: bool, name: str = sha) -> dict:
-        return {"op": "workspace_stage", "sha256": name, "offset": offset,
-                "data": base64.b64encode(data).decode(), "last": last}
+        return {"op": "workspace_stage", "pieces": [[name, offset, base64.b64encode(data).decode(), last]]}
 
     agent.handle(piece(0, content[:40], False))
     with pytest.raises(shim.ProtocolError, match="does not follow"):
@@ -210,3 +209,64 @@ def test_the_shim_stages_blobs_in_order_and_checked(tmp_path):
     agent.handle(piece(40, content[40:], True))
     agent.handle({"op": "workspace_restore", "changes": [{"path": "a", "kind": "file", "mode": 0o644, "blob": sha}]})
     assert (workspace / "a").read_bytes() == content and not os.path.exists(agent.staging)
+
+
+def test_the_shim_stages_many_blobs_in_one_request_and_refuses_malformed_pieces(tmp_path):
+    """One workspace_stage request carries several whole blobs (one round trip for a typical
+    workspace); a piece that is not [sha256, offset, data, last] is a protocol error."""
+    import base64
+    import hashlib
+
+    from softprobe.gym.shim import agent_shim as shim
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    agent = shim.Shim(str(workspace), str(tmp_path / "no-manifest.json"), local=True)
+    contents = [b"alpha" * 3, b"", b"gamma\n" * 50]
+    shas = [hashlib.sha256(c).hexdigest() for c in contents]
+    result = agent.handle({"op": "workspace_stage", "pieces": [
+        [sha, 0, base64.b64encode(c).decode(), True] for sha, c in zip(shas, contents, strict=True)]})
+    assert result == {"staged": 3, "bytes": sum(map(len, contents))}
+    for bad in ([], [["x" * 64, 0, "", True]], [[shas[0], True, "", True]], [[shas[0], 0, "", True, 1]],
+                [{"sha256": shas[0]}], [[shas[0], 0, 5, True]], "pieces"):
+        with pytest.raises(shim.ProtocolError):
+            agent.handle({"op": "workspace_stage", "pieces": bad})
+    agent.handle({"op": "workspace_restore", "changes": [
+        {"path": f"f{i}", "kind": "file", "mode": 0o644, "blob": sha} for i, sha in enumerate(shas)]})
+    assert [(workspace / f"f{i}").read_bytes() for i in range(3)] == contents
+
+
+async def test_a_group_of_restores_reads_and_encodes_the_blobs_once(tmp_path, seed_root, local_provider, monkeypatch):
+    """The children of a fork_many restore one snapshot at the same time: a snapshot that fits
+    one request is read and encoded once for all of them and staged in one request each; each
+    child still gets the whole workspace."""
+    from softprobe.gym.episodes import workspace_checkpoints
+    from softprobe.gym.shim.runtime import Runtime
+
+    encodes, stages = [], []
+    real_encode, real_stage = workspace_checkpoints.WorkspaceSnapshot.encode, Runtime.workspace_stage
+
+    def counting_encode(self, batch, hashers):  # type: ignore[no-untyped-def]
+        encodes.append(len(batch))
+        return real_encode(self, batch, hashers)
+
+    async def counting_stage(self, request):  # type: ignore[no-untyped-def]
+        stages.append(len(request.pieces))
+        return await real_stage(self, request)
+
+    monkeypatch.setattr(workspace_checkpoints.WorkspaceSnapshot, "encode", counting_encode)
+    monkeypatch.setattr(Runtime, "workspace_stage", counting_stage)
+    async with host_of(tmp_path, seed_root, local_provider) as host:
+        await ready(host)
+        await host.step(episode_id="ep-1", action=tool(
+            "shell.exec", command="for i in 1 2 3 4 5; do echo file-$i > f$i; done"))
+        record = await host.checkpoint(episode_id="ep-1")
+        children = await host.fork_many(episode_id="ep-1", n=4, path="checkpoint_import",
+                                        checkpoint_id=record.checkpoint_id)
+        assert len(encodes) == 1 and stages == [encodes[0]] * 4
+        for child in children:
+            listed = await host.step(episode_id=child.episode_id, action=tool("shell.exec", command="cat f3 f5"))
+            assert "file-3\nfile-5" in str(listed.observation)
+        # Nothing is kept once the group is done: a later fork reads the store again.
+        await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
+        assert len(encodes) == 2

@@ -13,7 +13,9 @@ restored and then replayed against with mutating actions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -224,7 +226,8 @@ class Forker:
         tasks = [asyncio.ensure_future(self.fork(parent, path, checkpoint_id, prefix_length, child_id, strict))
                  for child_id in ids]
         try:
-            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            with self._group_sharing(parent, fork_path, checkpoint_id):
+                outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         except asyncio.CancelledError:
             # The caller gave up (a timeout): all or nothing holds here too. Each unfinished fork
             # cleans up after itself once cancelled; the finished ones are destroyed here.
@@ -249,6 +252,20 @@ class Forker:
             f"{len(created)} children created were destroyed again: nothing of the group is left.",
             failures=failures, cancelled=len(created),
         ) from next(iter(failures.values()))
+
+    @contextlib.contextmanager
+    def _group_sharing(self, parent: Episode, fork_path: ForkPath, checkpoint_id: str | None) -> Iterator[None]:
+        """While a group is placed: a workspace checkpoint's blobs are read and encoded once for
+        all children, and the warm pool refills after the group, not during it (its container
+        starts would compete with the children's restores)."""
+        with contextlib.ExitStack() as stack:
+            if fork_path is ForkPath.CHECKPOINT_IMPORT:
+                workspace = self._checkpoints.of(parent, checkpoint_id).workspace
+                if workspace is not None:
+                    stack.enter_context(workspace.shared())
+            if self._admission.pool is not None:
+                stack.enter_context(self._admission.pool.refill_after())
+            yield
 
     async def _destroy_all(self, children: list[ForkResult]) -> None:
         """Destroys the given children (shielded: it runs to the end even while the caller is

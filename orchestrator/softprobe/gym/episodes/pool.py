@@ -9,8 +9,10 @@ host's labels (and ``softprobe.gym.pool``), so ``close()``, the start-up sweep a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
+from collections.abc import Iterator
 
 from softprobe.gym.providers.base import Provider, SandboxSpec
 from softprobe.gym.shim.runtime import Runtime
@@ -29,6 +31,7 @@ class WarmPool:
         self._filling: set[asyncio.Task[None]] = set()
         self._removing: set[asyncio.Future[None]] = set()  # dead idle sandboxes being removed
         self._closed = False
+        self._deferring = 0  # refill_after() blocks under way
         self.started = 0  # containers this pool has started (for tests and the bench)
         self.failures = 0
 
@@ -51,11 +54,24 @@ class WarmPool:
         return sandbox
 
     def refill(self) -> None:
-        """Start containers in the background until ``size`` are ready or starting."""
-        while not self._closed and len(self._ready) + len(self._filling) < self.size:
+        """Start containers in the background until ``size`` are ready or starting (not within
+        :meth:`refill_after`: then when it ends)."""
+        while not self._closed and not self._deferring and len(self._ready) + len(self._filling) < self.size:
             task = asyncio.ensure_future(self._start_one())
             self._filling.add(task)
             task.add_done_callback(self._filling.discard)
+
+    @contextlib.contextmanager
+    def refill_after(self) -> Iterator[None]:
+        """Within this, taken containers are replaced only when it ends: a group of episodes
+        placed at once (``fork_many``) gets the pool's containers without new container starts
+        competing with it for the CPU."""
+        self._deferring += 1
+        try:
+            yield
+        finally:
+            self._deferring -= 1
+            self.refill()
 
     async def wait_ready(self) -> None:
         """Wait until the pool is full (for warm-up before a benchmark or a batch)."""

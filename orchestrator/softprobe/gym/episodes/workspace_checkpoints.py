@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,10 @@ def disk_bytes(size: int) -> int:
     return max(size, BLOCK_BYTES)
 
 
+#: A piece of a blob to stage: its sha256, offset and length, and whether it ends the blob.
+_Piece = tuple[str, int, int, bool]
+
+
 @dataclass(frozen=True)
 class WorkspaceSnapshot:
     """One workspace checkpoint: its manifest and the store holding its blobs."""
@@ -55,31 +62,74 @@ class WorkspaceSnapshot:
     workspace_digest: str
     blobs_added: int
     bytes_added: int
+    # The encoded blobs of a snapshot that fits one request, while restores of it run at once
+    # (the children of a fork_many): read, checked and encoded once, sent to each.
+    _shared: _SharedBatch = field(default_factory=lambda: _SharedBatch(), compare=False, repr=False)
 
     async def restore(self, runtime: Runtime) -> None:
-        """Make ``runtime``'s (fresh) workspace this checkpoint's: each blob is staged in the
-        sandbox in pieces of at most :data:`CHUNK_BYTES` (checked against its name here before
-        its last piece goes), then the manifest is applied naming the staged blobs.
+        """Make ``runtime``'s (fresh) workspace this checkpoint's: the blobs are staged in the
+        sandbox in requests of at most :data:`CHUNK_BYTES` of content (many small blobs in one;
+        each blob checked against its name here before its last piece goes), then the manifest
+        is applied naming the staged blobs. A snapshot that fits one request is read and
+        encoded once for all restores of it running at the same time.
 
         Raises:
             WorkspaceCheckpointError: a blob is missing or changed on disk (nothing restored).
             ShimRefusedError, SandboxLostError: the sandbox refused the set or died.
         """
+        batches = await asyncio.to_thread(self._plan)
+        if len(batches) == 1:
+            await runtime.workspace_stage(WorkspaceStageRequest(pieces=await self._shared.encoded(self, batches[0])))
+        else:
+            hashers: dict[str, Any] = {}
+            for batch in batches:  # one batch in memory at a time: a large workspace streams
+                pieces = await asyncio.to_thread(self.encode, batch, hashers)
+                await runtime.workspace_stage(WorkspaceStageRequest(pieces=pieces))
+        await runtime.workspace_restore(self._changes)
+
+    def _plan(self) -> list[list[_Piece]]:
+        """The pieces of every blob, grouped into requests of at most CHUNK_BYTES (blocking:
+        it reads the blobs' sizes)."""
+        batches: list[list[_Piece]] = [[]]
+        room = CHUNK_BYTES
         for sha in dict.fromkeys(value for _path, kind, _mode, value in self.entries if kind == "file"):
-            size = await asyncio.to_thread(self.store.size, sha)
-            hasher = hashlib.sha256()
-            offset = 0
+            size, offset = self.store.size(sha), 0
             while True:
-                data = await asyncio.to_thread(self.store.read_piece, sha, offset, CHUNK_BYTES)
-                hasher.update(data)
-                last = offset + len(data) >= size or not data
-                if last and hasher.hexdigest() != sha:
-                    raise self.store.changed(sha)
-                await runtime.workspace_stage(WorkspaceStageRequest(
-                    sha256=sha, offset=offset, data=base64.b64encode(data).decode("ascii"), last=last))
-                offset += len(data)
+                if room == 0:
+                    batches.append([])
+                    room = CHUNK_BYTES
+                length = min(size - offset, room)
+                last = offset + length >= size
+                batches[-1].append((sha, offset, length, last))
+                room -= length
+                offset += length
                 if last:
                     break
+        return [batch for batch in batches if batch]
+
+    def encode(self, batch: list[_Piece], hashers: dict[str, Any]) -> list[tuple[str, int, str, bool]]:
+        """A stage request's pieces, read from the store and base64-encoded; a blob whose
+        content is not what its name says is refused when its last piece is read (blocking).
+        ``hashers`` carries the hashes of blobs split across requests."""
+        pieces = []
+        for sha, offset, length, last in batch:
+            data = self.store.read_piece(sha, offset, length)
+            hasher = hashers.pop(sha, None) or hashlib.sha256()
+            hasher.update(data)
+            if len(data) != length or (last and hasher.hexdigest() != sha):
+                raise self.store.changed(sha)
+            if not last:
+                hashers[sha] = hasher
+            pieces.append((sha, offset, base64.b64encode(data).decode("ascii"), last))
+        return pieces
+
+    def shared(self) -> contextlib.AbstractContextManager[None]:
+        """Within this, restores of this snapshot share one read and encoding of its blobs (when
+        they fit one request): for a group of children restored together (``fork_many``)."""
+        return self._shared.held()
+
+    @functools.cached_property
+    def _changes(self) -> list[dict[str, Any]]:
         changes: list[dict[str, Any]] = []
         for path, kind, mode, value in self.entries:
             if kind == "dir":
@@ -88,7 +138,33 @@ class WorkspaceSnapshot:
                 changes.append({"path": path, "kind": "symlink", "target": value})
             else:
                 changes.append({"path": path, "kind": "file", "mode": mode, "blob": value})
-        await runtime.workspace_restore(changes)
+        return changes
+
+
+class _SharedBatch:
+    """The encoded pieces of a one-request snapshot, kept only while restores of it overlap or
+    a group of them (:meth:`WorkspaceSnapshot.shared`) is under way."""
+
+    def __init__(self) -> None:
+        self._users = 0
+        self._pieces: asyncio.Future[list[tuple[str, int, str, bool]]] | None = None
+
+    async def encoded(self, snapshot: WorkspaceSnapshot, batch: list[_Piece]) -> list[tuple[str, int, str, bool]]:
+        with self.held():
+            if self._pieces is None:
+                self._pieces = asyncio.ensure_future(asyncio.to_thread(snapshot.encode, batch, {}))
+            # Shielded: one restore being cancelled must not fail the others reading with it.
+            return await asyncio.shield(self._pieces)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self._users += 1
+        try:
+            yield
+        finally:
+            self._users -= 1
+            if self._users == 0:
+                self._pieces = None  # nothing is kept between groups of restores
 
 
 class BlobStore:

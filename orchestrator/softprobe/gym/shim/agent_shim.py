@@ -19,7 +19,7 @@ Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
     {"id": 8, "op": "episode_env", "clock_start": 1700000000, "random_seed": 42}
     {"id": 9, "op": "workspace_snapshot", "known": ["<sha256>", ...], "max_bytes": 1048576,
      "chunk_bytes": 8388608}   (then {"op": "workspace_snapshot", "resume": true} while "more")
-    {"id": 10, "op": "workspace_stage", "sha256": "<sha256>", "offset": 0, "data": "<base64>", "last": true}
+    {"id": 10, "op": "workspace_stage", "pieces": [["<sha256>", 0, "<base64>", true], ...]}
     {"id": 11, "op": "workspace_restore", "changes": [...an apply_changes set, files as "blob": sha256...]}
     (host-only: a workspace checkpoint taken and restored; see ``Shim.workspace_snapshot``)
     (host-only, once, before any call: the clock every started program begins at, through the
@@ -2050,23 +2050,40 @@ class Shim:
         return manifest, pending
 
     def workspace_stage(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Stage a piece of one blob a workspace restore will write (host-only, before any
-        call): ``offset`` 0 starts it, each piece follows the last, and ``last`` checks the
-        whole against its sha256. Staged blobs are root's, read-only, in a folder the agent
-        cannot write (removed by ``workspace_restore``), so the restore never holds them all."""
+        """Stage pieces of the blobs a workspace restore will write (host-only, before any
+        call): ``pieces`` is a list of ``[sha256, offset, base64 data, last]``, applied in order;
+        offset 0 starts a blob, each piece follows the last, and ``last`` checks the whole
+        against its sha256. One request may carry many small blobs (one round trip for a
+        typical workspace) or one piece of a large one. Staged blobs are root's, read-only, in a
+        folder the agent cannot write (removed by ``workspace_restore``), so the restore never
+        holds them all."""
         import base64
         import binascii
 
         if self.served_call:
             raise ProtocolError("workspace_stage comes before any call")
-        sha, offset, last = request.get("sha256"), request.get("offset"), request.get("last")
-        if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef") \
-                or isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or not isinstance(last, bool):
-            raise ProtocolError("workspace_stage needs sha256 (hex), offset (int >= 0) and last (bool)")
-        try:
-            data = base64.b64decode(request.get("data") or "", validate=True)
-        except (binascii.Error, ValueError, TypeError):
-            raise ProtocolError("workspace_stage data is not base64") from None
+        pieces = request.get("pieces")
+        if not isinstance(pieces, list) or not pieces:
+            raise ProtocolError("workspace_stage needs pieces: a non-empty list of [sha256, offset, data, last]")
+        staged = total = 0
+        for piece in pieces:
+            if not isinstance(piece, list) or len(piece) != 4:
+                raise ProtocolError("a workspace_stage piece is [sha256, offset, data, last]")
+            sha, offset, text, last = piece
+            if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef") \
+                    or isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 \
+                    or not isinstance(last, bool) or not isinstance(text, str):
+                raise ProtocolError("workspace_stage needs sha256 (hex), offset (int >= 0), data (str) and last (bool)")
+            try:
+                data = base64.b64decode(text, validate=True)
+            except (binascii.Error, ValueError):
+                raise ProtocolError("workspace_stage data is not base64") from None
+            self._stage_piece(sha, offset, data, last)
+            staged += last
+            total += len(data)
+        return {"staged": staged, "bytes": total}
+
+    def _stage_piece(self, sha: str, offset: int, data: bytes, last: bool) -> None:
         if sha in self.staged:
             raise ProtocolError("blob %s is staged already" % sha[:16])
         if offset == 0 and not os.path.isdir(self.staging):
@@ -2086,15 +2103,17 @@ class Shim:
             f.write(data)
         if last:
             digest = hashlib.sha256()
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
+            if offset == 0:  # the whole blob came in this piece: hash it from memory
+                digest.update(data)
+            else:
+                with open(path, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        digest.update(block)
             if digest.hexdigest() != sha:
                 os.unlink(path)
                 raise ToolError("change_set_refused", "staged blob %s does not match its name" % sha[:16])
             os.chmod(path, 0o444)  # read by the agent's restore, written by nobody
             self.staged[sha] = path
-        return {"staged": last, "bytes": offset + len(data)}
 
     def _remove_staging(self) -> None:
         self.staged = {}

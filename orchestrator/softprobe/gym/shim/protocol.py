@@ -155,20 +155,18 @@ class WorkspaceSnapshotResult(BaseModel):
 
 
 class WorkspaceStageRequest(_Request):
-    """One piece of a blob a workspace restore writes (host-only, before any call): pieces
-    follow each other from ``offset`` 0; ``last`` checks the whole against ``sha256``."""
+    """Pieces of the blobs a workspace restore writes (host-only, before any call), each
+    ``(sha256, offset, base64 data, last)``: a blob's pieces follow each other from offset 0,
+    and ``last`` checks the whole against its sha256. Many small blobs go in one request."""
 
     op: Literal["workspace_stage"] = "workspace_stage"
-    sha256: str
-    offset: int
-    data: str
-    last: bool
+    pieces: list[tuple[str, int, str, bool]]
 
 
 class WorkspaceStageResult(BaseModel):
-    """Whether the blob is complete (and checked), and its bytes staged so far."""
+    """How many blobs this request completed (each checked), and the bytes it staged."""
 
-    staged: bool
+    staged: int
     bytes: int
 
 
