@@ -99,10 +99,13 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Measure, interleaved in one run: an fs.read step vs `docker exec cat`, a shell.exec "
             "step vs `docker exec true`, the step overhead over a bare shim round trip, cold and "
-            "warm resets vs a raw create + put_archive + start, a checkpoint vs `docker commit`, "
-            "forks (prefix re-execution of 1 and 10 steps, checkpoint import), 1 to 64 episodes "
-            "stepping at once vs bare round trips, a step in a 10,000-file workspace vs an empty "
-            "one, the memory of an idle episode, and a full support-desk rollout. Prints median, "
+            "warm resets vs a raw create + put_archive + start (also with a billing service), a "
+            "checkpoint vs `docker commit`, forks (prefix re-execution of 1 and 10 steps, checkpoint "
+            "import), a step with tracing on vs off, 1 to 64 episodes stepping at once vs the same "
+            "call sent bare and vs bare `exists` round trips, the same on a sharded host of 2 worker "
+            "processes, a step in a 10,000-file workspace vs an empty one, the memory of an idle "
+            "episode, a full support-desk rollout, workspace-scope checkpoints and their import vs "
+            "the container-scope ones, and fork_many(8) vs one fork. Prints median, "
             "p99, the baseline and the ratio; cleans up after itself."
         ),
     )
