@@ -213,7 +213,6 @@ def test_scan_mode_needs_no_inotify_and_agrees(tmp_path):
 
 
 def test_seed_op_writes_files_as_the_shim_user_and_rescans(tmp_path):
-    import base64
     import io
     import tarfile
 
@@ -224,7 +223,7 @@ def test_seed_op_writes_files_as_the_shim_user_and_rescans(tmp_path):
         data = b"#!/bin/sh\n"
         info.size, info.mode = len(data), 0o750
         archive.addfile(info, io.BytesIO(data))
-    hello = s.handle({"op": "seed", "archive": base64.b64encode(buffer.getvalue()).decode()})
+    hello = s.handle({"op": "seed", "raw": len(buffer.getvalue())}, buffer.getvalue())
     assert "seeded/run.sh" in hello["workspace_files"]
     assert (workspace / "seeded" / "run.sh").stat().st_mode & 0o777 == 0o750
     assert hello["workspace_digest"] == digest(workspace)
@@ -233,7 +232,7 @@ def test_seed_op_writes_files_as_the_shim_user_and_rescans(tmp_path):
         info = tarfile.TarInfo("../escape")
         archive.addfile(info, io.BytesIO(b""))
     with pytest.raises(shim.ProtocolError):
-        s.handle({"op": "seed", "archive": base64.b64encode(bad.getvalue()).decode()})
+        s.handle({"op": "seed", "raw": len(bad.getvalue())}, bad.getvalue())
     assert not (tmp_path / "escape").exists()
 
 
@@ -257,6 +256,12 @@ class LocalShim:
 
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(json.dumps(request).encode() + b"\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline()
+
+    def send(self, data: bytes) -> bytes:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(data)
         self.process.stdin.flush()
         return self.process.stdout.readline()
 
@@ -331,3 +336,35 @@ def test_with_setpriv_tools_get_no_new_privileges():
         pytest.skip("needs root and util-linux's setpriv on this machine")
     argv, kwargs = identity.spawn("agent", ["true"])
     assert "--no-new-privs" in argv and argv.index("--no-new-privs") < argv.index("--") and kwargs == {}
+
+
+def test_raw_content_follows_its_request_line_and_a_bad_length_ends_the_shim(tmp_path):
+    """Bulk content goes as raw bytes after a request's line (``"raw": N``), newlines and all,
+    and the stream stays in step after it; a length the shim cannot follow (negative, not an
+    int, or content not ended by a newline) ends the shim (exit 70) rather than read the rest
+    of the stream out of step."""
+    import io
+    import json
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        data = b"line one\nline two\n" * 100
+        info = tarfile.TarInfo("notes.txt")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    tar = buffer.getvalue()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with LocalShim(workspace) as local:
+        seeded = json.loads(local.send(json.dumps({"id": 1, "op": "seed", "raw": len(tar)}).encode() + b"\n" + tar + b"\n"))
+        assert seeded["ok"] and "notes.txt" in seeded["result"]["workspace_files"]
+        assert json.loads(local.ask({"id": 2, "op": "exists", "path": "notes.txt"})) == {"id": 2, "ok": True, "result": True}
+        assert (workspace / "notes.txt").read_bytes() == data
+    for bad in (b'{"id": 3, "op": "seed", "raw": -1}\n', b'{"id": 3, "op": "seed", "raw": "5"}\n',
+                b'{"id": 3, "op": "seed", "raw": 3}\nabcd\n'):
+        fresh = tmp_path / f"ws-{len(bad)}-{bad[-3]}"
+        fresh.mkdir()
+        with LocalShim(fresh) as local:
+            assert local.send(bad) == b""  # no answer: the shim gave up
+            assert local.process.wait(timeout=10) == 70

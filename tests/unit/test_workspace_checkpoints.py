@@ -182,7 +182,6 @@ async def test_a_checkpoint_comes_in_chunks_and_restores_whole(tmp_path, seed_ro
 def test_the_shim_stages_blobs_in_order_and_checked(tmp_path):
     """workspace_stage takes a blob's pieces in order only, checks the whole against its name,
     and workspace_restore writes only staged blobs, then removes the staging."""
-    import base64
     import hashlib
 
     from softprobe.gym.shim import agent_shim as shim
@@ -193,28 +192,28 @@ def test_the_shim_stages_blobs_in_order_and_checked(tmp_path):
     content = b"0123456789" * 10
     sha = hashlib.sha256(content).hexdigest()
 
-    def piece(offset: int, data: bytes, last: bool, name: str = sha) -> dict:
-        return {"op": "workspace_stage", "pieces": [[name, offset, base64.b64encode(data).decode(), last]]}
+    def stage(offset: int, data: bytes, last: bool, name: str = sha) -> object:
+        return agent.handle({"op": "workspace_stage", "pieces": [[name, offset, len(data), last]]}, data)
 
-    agent.handle(piece(0, content[:40], False))
+    stage(0, content[:40], False)
     with pytest.raises(shim.ProtocolError, match="does not follow"):
-        agent.handle(piece(50, content[50:], True))  # a gap
+        stage(50, content[50:], True)  # a gap
     with pytest.raises(shim.ToolError, match="does not match"):
-        agent.handle(piece(40, b"x" * 60, True))  # the right length, the wrong content
+        stage(40, b"x" * 60, True)  # the right length, the wrong content
     with pytest.raises(shim.ToolError, match="not staged"):
         agent.handle({"op": "workspace_restore", "changes": [{"path": "a", "kind": "file", "mode": 0o644,
                                                               "blob": sha}]})
     assert not os.path.exists(agent.staging)  # removed by the restore, refused or not
-    agent.handle(piece(0, content[:40], False))
-    agent.handle(piece(40, content[40:], True))
+    stage(0, content[:40], False)
+    stage(40, content[40:], True)
     agent.handle({"op": "workspace_restore", "changes": [{"path": "a", "kind": "file", "mode": 0o644, "blob": sha}]})
     assert (workspace / "a").read_bytes() == content and not os.path.exists(agent.staging)
 
 
 def test_the_shim_stages_many_blobs_in_one_request_and_refuses_malformed_pieces(tmp_path):
-    """One workspace_stage request carries several whole blobs (one round trip for a typical
-    workspace); a piece that is not [sha256, offset, data, last] is a protocol error."""
-    import base64
+    """One workspace_stage request carries several whole blobs in its raw content (one round
+    trip for a typical workspace); a piece that is not [sha256, offset, length, last], or
+    lengths that do not add up to the content sent, are a protocol error."""
     import hashlib
 
     from softprobe.gym.shim import agent_shim as shim
@@ -224,37 +223,39 @@ def test_the_shim_stages_many_blobs_in_one_request_and_refuses_malformed_pieces(
     agent = shim.Shim(str(workspace), str(tmp_path / "no-manifest.json"), local=True)
     contents = [b"alpha" * 3, b"", b"gamma\n" * 50]
     shas = [hashlib.sha256(c).hexdigest() for c in contents]
-    result = agent.handle({"op": "workspace_stage", "pieces": [
-        [sha, 0, base64.b64encode(c).decode(), True] for sha, c in zip(shas, contents, strict=True)]})
+    pieces = [[sha, 0, len(c), True] for sha, c in zip(shas, contents, strict=True)]
+    result = agent.handle({"op": "workspace_stage", "pieces": pieces}, b"".join(contents))
     assert result == {"staged": 3, "bytes": sum(map(len, contents))}
-    for bad in ([], [["x" * 64, 0, "", True]], [[shas[0], True, "", True]], [[shas[0], 0, "", True, 1]],
-                [{"sha256": shas[0]}], [[shas[0], 0, 5, True]], "pieces"):
+    for bad, raw in (([], b""), ([["x" * 64, 0, 0, True]], b""), ([[shas[0], True, 0, True]], b""),
+                     ([[shas[0], 0, 0, True, 1]], b""), ([{"sha256": shas[0]}], b""), ([[shas[0], 0, "5", True]], b"abcde"),
+                     ([[shas[0], 0, -1, True]], b""), ("pieces", b""),
+                     ([[shas[0], 0, 5, True]], b"abc"), ([[shas[0], 0, 3, True]], b"abcde")):  # lengths != content
         with pytest.raises(shim.ProtocolError):
-            agent.handle({"op": "workspace_stage", "pieces": bad})
+            agent.handle({"op": "workspace_stage", "pieces": bad}, raw)
     agent.handle({"op": "workspace_restore", "changes": [
         {"path": f"f{i}", "kind": "file", "mode": 0o644, "blob": sha} for i, sha in enumerate(shas)]})
     assert [(workspace / f"f{i}").read_bytes() for i in range(3)] == contents
 
 
-async def test_a_group_of_restores_reads_and_encodes_the_blobs_once(tmp_path, seed_root, local_provider, monkeypatch):
+async def test_a_group_of_restores_reads_the_blobs_once(tmp_path, seed_root, local_provider, monkeypatch):
     """The children of a fork_many restore one snapshot at the same time: a snapshot that fits
-    one request is read and encoded once for all of them and staged in one request each; each
-    child still gets the whole workspace."""
+    one request is read (and checked) once for all of them and staged in one request each;
+    each child still gets the whole workspace."""
     from softprobe.gym.episodes import workspace_checkpoints
     from softprobe.gym.shim.runtime import Runtime
 
-    encodes, stages = [], []
-    real_encode, real_stage = workspace_checkpoints.WorkspaceSnapshot.encode, Runtime.workspace_stage
+    reads, stages = [], []
+    real_read, real_stage = workspace_checkpoints.WorkspaceSnapshot.read, Runtime.workspace_stage
 
-    def counting_encode(self, batch, hashers):  # type: ignore[no-untyped-def]
-        encodes.append(len(batch))
-        return real_encode(self, batch, hashers)
+    def counting_read(self, batch, hashers):  # type: ignore[no-untyped-def]
+        reads.append(len(batch))
+        return real_read(self, batch, hashers)
 
-    async def counting_stage(self, request):  # type: ignore[no-untyped-def]
+    async def counting_stage(self, request, data):  # type: ignore[no-untyped-def]
         stages.append(len(request.pieces))
-        return await real_stage(self, request)
+        return await real_stage(self, request, data)
 
-    monkeypatch.setattr(workspace_checkpoints.WorkspaceSnapshot, "encode", counting_encode)
+    monkeypatch.setattr(workspace_checkpoints.WorkspaceSnapshot, "read", counting_read)
     monkeypatch.setattr(Runtime, "workspace_stage", counting_stage)
     async with host_of(tmp_path, seed_root, local_provider) as host:
         await ready(host)
@@ -263,10 +264,10 @@ async def test_a_group_of_restores_reads_and_encodes_the_blobs_once(tmp_path, se
         record = await host.checkpoint(episode_id="ep-1")
         children = await host.fork_many(episode_id="ep-1", n=4, path="checkpoint_import",
                                         checkpoint_id=record.checkpoint_id)
-        assert len(encodes) == 1 and stages == [encodes[0]] * 4
+        assert len(reads) == 1 and stages == [reads[0]] * 4
         for child in children:
             listed = await host.step(episode_id=child.episode_id, action=tool("shell.exec", command="cat f3 f5"))
             assert "file-3\nfile-5" in str(listed.observation)
         # Nothing is kept once the group is done: a later fork reads the store again.
         await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
-        assert len(encodes) == 2
+        assert len(reads) == 2

@@ -62,16 +62,16 @@ class WorkspaceSnapshot:
     workspace_digest: str
     blobs_added: int
     bytes_added: int
-    # The encoded blobs of a snapshot that fits one request, while restores of it run at once
-    # (the children of a fork_many): read, checked and encoded once, sent to each.
+    # The content of a snapshot that fits one request, while restores of it run at once (the
+    # children of a fork_many): read and checked once, sent to each.
     _shared: _SharedBatch = field(default_factory=lambda: _SharedBatch(), compare=False, repr=False)
 
     async def restore(self, runtime: Runtime) -> None:
         """Make ``runtime``'s (fresh) workspace this checkpoint's: the blobs are staged in the
         sandbox in requests of at most :data:`CHUNK_BYTES` of content (many small blobs in one;
         each blob checked against its name here before its last piece goes), then the manifest
-        is applied naming the staged blobs. A snapshot that fits one request is read and
-        encoded once for all restores of it running at the same time.
+        is applied naming the staged blobs. A snapshot that fits one request is read once for
+        all restores of it running at the same time.
 
         Raises:
             WorkspaceCheckpointError: a blob is missing or changed on disk (nothing restored).
@@ -79,12 +79,13 @@ class WorkspaceSnapshot:
         """
         batches = await asyncio.to_thread(self._plan)
         if len(batches) == 1:
-            await runtime.workspace_stage(WorkspaceStageRequest(pieces=await self._shared.encoded(self, batches[0])))
+            data = await self._shared.read(self, batches[0])
+            await runtime.workspace_stage(WorkspaceStageRequest(pieces=batches[0]), data)
         else:
             hashers: dict[str, Any] = {}
             for batch in batches:  # one batch in memory at a time: a large workspace streams
-                pieces = await asyncio.to_thread(self.encode, batch, hashers)
-                await runtime.workspace_stage(WorkspaceStageRequest(pieces=pieces))
+                data = await asyncio.to_thread(self.read, batch, hashers)
+                await runtime.workspace_stage(WorkspaceStageRequest(pieces=batch), data)
         await runtime.workspace_restore(self._changes)
 
     def _plan(self) -> list[list[_Piece]]:
@@ -107,11 +108,11 @@ class WorkspaceSnapshot:
                     break
         return [batch for batch in batches if batch]
 
-    def encode(self, batch: list[_Piece], hashers: dict[str, Any]) -> list[tuple[str, int, str, bool]]:
-        """A stage request's pieces, read from the store and base64-encoded; a blob whose
-        content is not what its name says is refused when its last piece is read (blocking).
-        ``hashers`` carries the hashes of blobs split across requests."""
-        pieces = []
+    def read(self, batch: list[_Piece], hashers: dict[str, Any]) -> bytes:
+        """The content of a stage request's pieces, one after the other, read from the store;
+        a blob whose content is not what its name says is refused when its last piece is read
+        (blocking). ``hashers`` carries the hashes of blobs split across requests."""
+        parts = []
         for sha, offset, length, last in batch:
             data = self.store.read_piece(sha, offset, length)
             hasher = hashers.pop(sha, None) or hashlib.sha256()
@@ -120,12 +121,12 @@ class WorkspaceSnapshot:
                 raise self.store.changed(sha)
             if not last:
                 hashers[sha] = hasher
-            pieces.append((sha, offset, base64.b64encode(data).decode("ascii"), last))
-        return pieces
+            parts.append(data)
+        return b"".join(parts)
 
     def shared(self) -> contextlib.AbstractContextManager[None]:
-        """Within this, restores of this snapshot share one read and encoding of its blobs (when
-        they fit one request): for a group of children restored together (``fork_many``)."""
+        """Within this, restores of this snapshot share one read of its blobs (when they fit one
+        request): for a group of children restored together (``fork_many``)."""
         return self._shared.held()
 
     @functools.cached_property
@@ -142,19 +143,19 @@ class WorkspaceSnapshot:
 
 
 class _SharedBatch:
-    """The encoded pieces of a one-request snapshot, kept only while restores of it overlap or
-    a group of them (:meth:`WorkspaceSnapshot.shared`) is under way."""
+    """The content of a one-request snapshot, kept only while restores of it overlap or a
+    group of them (:meth:`WorkspaceSnapshot.shared`) is under way."""
 
     def __init__(self) -> None:
         self._users = 0
-        self._pieces: asyncio.Future[list[tuple[str, int, str, bool]]] | None = None
+        self._content: asyncio.Future[bytes] | None = None
 
-    async def encoded(self, snapshot: WorkspaceSnapshot, batch: list[_Piece]) -> list[tuple[str, int, str, bool]]:
+    async def read(self, snapshot: WorkspaceSnapshot, batch: list[_Piece]) -> bytes:
         with self.held():
-            if self._pieces is None:
-                self._pieces = asyncio.ensure_future(asyncio.to_thread(snapshot.encode, batch, {}))
+            if self._content is None:
+                self._content = asyncio.ensure_future(asyncio.to_thread(snapshot.read, batch, {}))
             # Shielded: one restore being cancelled must not fail the others reading with it.
-            return await asyncio.shield(self._pieces)
+            return await asyncio.shield(self._content)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -164,7 +165,7 @@ class _SharedBatch:
         finally:
             self._users -= 1
             if self._users == 0:
-                self._pieces = None  # nothing is kept between groups of restores
+                self._content = None  # nothing is kept between groups of restores
 
 
 class BlobStore:

@@ -115,8 +115,7 @@ class ShimClient:
 
     async def seed(self, archive: bytes) -> HelloResult:
         """Have the shim extract a tar of seed files into the workspace; return its new hello."""
-        request = SeedRequest(archive=base64.b64encode(archive).decode("ascii"))
-        return _validated(HelloResult, await self._request(request, RESPONSE_GRACE_S + 60), "seed")
+        return _validated(HelloResult, await self._request(SeedRequest(), RESPONSE_GRACE_S + 60, raw=archive), "seed")
 
     async def overlay(
         self, tools: dict[str, dict[str, Any]], archive: bytes, mcp_servers: list[dict[str, Any]] | None = None
@@ -162,9 +161,10 @@ class ShimClient:
         result = await self._request(request, RESPONSE_GRACE_S + 120)
         return _validated(WorkspaceSnapshotResult, result, "workspace_snapshot")
 
-    async def workspace_stage(self, request: WorkspaceStageRequest) -> WorkspaceStageResult:
-        """Stage one piece of a blob for a workspace restore (see ``WorkspaceStageRequest``)."""
-        result = await self._request(request, RESPONSE_GRACE_S + 60)
+    async def workspace_stage(self, request: WorkspaceStageRequest, data: bytes) -> WorkspaceStageResult:
+        """Stage pieces of blobs for a workspace restore (see ``WorkspaceStageRequest``);
+        ``data``: the pieces' content, one after the other."""
+        result = await self._request(request, RESPONSE_GRACE_S + 60, raw=data)
         return _validated(WorkspaceStageResult, result, "workspace_stage")
 
     async def workspace_restore(self, changes: list[dict[str, Any]]) -> HelloResult:
@@ -175,9 +175,11 @@ class ShimClient:
     def close(self) -> None:
         self._channel.close()
 
-    async def _request(self, request: ShimRequest | dict[str, Any], deadline_s: float) -> Any:
-        """Send ``request`` (a model, or the dict of a model's fields with its ``op``) and return
-        its result."""
+    async def _request(
+        self, request: ShimRequest | dict[str, Any], deadline_s: float, *, raw: bytes | None = None
+    ) -> Any:
+        """Send ``request`` (a model, or the dict of a model's fields with its ``op``), followed
+        by ``raw`` content if given, and return its result."""
         op = request["op"] if isinstance(request, dict) else request.op
         async with self._lock:
             if self._lost is not None:
@@ -186,12 +188,16 @@ class ShimClient:
             request_id = self._next_id
             payload = request if isinstance(request, dict) else request.model_dump()
             payload["id"] = request_id
+            if raw is not None:
+                payload["raw"] = len(raw)
             try:
                 line = wire_json(payload)
             except (ValueError, TypeError, UnicodeEncodeError, RecursionError) as err:
                 raise SandboxError(
                     f"a {op!r} request could not be encoded as JSON ({err}); nothing was sent"
                 ) from None
+            if raw is not None:  # the content as it is, after the request's line (see the shim)
+                line = b"".join((line, b"\n", raw))
             try:
                 if _timeout is not None:  # no extra task per request (Python >= 3.11)
                     async with _timeout(deadline_s):

@@ -49,10 +49,10 @@ class ReadTextRequest(_Request):
 
 
 class SeedRequest(_Request):
-    """Extract a base64 tar (names relative to the workspace) into the workspace."""
+    """Extract a tar (names relative to the workspace), sent as the request's raw content,
+    into the workspace."""
 
     op: Literal["seed"] = "seed"
-    archive: str
 
 
 class OverlayRequest(_Request):
@@ -156,11 +156,12 @@ class WorkspaceSnapshotResult(BaseModel):
 
 class WorkspaceStageRequest(_Request):
     """Pieces of the blobs a workspace restore writes (host-only, before any call), each
-    ``(sha256, offset, base64 data, last)``: a blob's pieces follow each other from offset 0,
-    and ``last`` checks the whole against its sha256. Many small blobs go in one request."""
+    ``(sha256, offset, length, last)``, their data following each other in the request's raw
+    content: a blob's pieces follow each other from offset 0, and ``last`` checks the whole
+    against its sha256. Many small blobs go in one request."""
 
     op: Literal["workspace_stage"] = "workspace_stage"
-    pieces: list[tuple[str, int, str, bool]]
+    pieces: list[tuple[str, int, int, bool]]
 
 
 class WorkspaceStageResult(BaseModel):

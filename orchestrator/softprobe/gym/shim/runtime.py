@@ -231,15 +231,16 @@ class Runtime:
         except SandboxLostError as err:
             raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
 
-    async def workspace_stage(self, request: WorkspaceStageRequest) -> None:
-        """Stage one piece of a blob for :meth:`workspace_restore`.
+    async def workspace_stage(self, request: WorkspaceStageRequest, data: bytes) -> None:
+        """Stage pieces of blobs for :meth:`workspace_restore` (``data``: their content, one
+        after the other).
 
         Raises:
             ShimRefusedError: the piece was refused (out of order, or the blob does not match
                 its name); SandboxLostError: as for :meth:`call_tool`.
         """
         try:
-            await self._client.workspace_stage(request)
+            await self._client.workspace_stage(request, data)
         except SandboxLostError as err:
             raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
 
