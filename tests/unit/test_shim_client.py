@@ -72,3 +72,26 @@ async def test_a_closed_channel_is_still_a_lost_sandbox():
     with pytest.raises(SandboxLostError):
         await call(client)
     assert client.lost is not None
+
+
+async def test_raw_content_follows_its_line_and_oversized_content_is_not_sent(monkeypatch):
+    """A seed goes as its request's line, a newline and the tar as it is (no base64); content
+    over what the shim takes at once is refused before anything is sent, the connection kept."""
+    from softprobe.gym import SandboxError
+    from softprobe.gym.shim import client as client_module
+
+    hello = {"id": 1, "ok": True, "result": {"protocol": 1, "shim_sha256": "s", "workspace_digest": "d",
+                                              "workspace_files": []}}
+    channel = ScriptedChannel(json.dumps(hello).encode())
+    client = ShimClient(channel)
+    tar = b"tar\nwith\nnewlines"
+    try:
+        await client.seed(tar)
+    except ShimReplyError:
+        pass  # the scripted hello may lack fields; what was sent is the point
+    header, _, content = channel.sent[0].partition(b"\n")
+    assert json.loads(header) == {"op": "seed", "id": 1, "raw": len(tar)} and content == tar
+    monkeypatch.setattr(client_module, "MAX_RAW_BYTES", 4)
+    with pytest.raises(SandboxError, match="nothing was sent"):
+        await client.seed(b"12345")
+    assert len(channel.sent) == 1 and client.lost is None

@@ -368,3 +368,9 @@ def test_raw_content_follows_its_request_line_and_a_bad_length_ends_the_shim(tmp
         with LocalShim(fresh) as local:
             assert local.send(bad) == b""  # no answer: the shim gave up
             assert local.process.wait(timeout=10) == 70
+
+
+def test_the_host_knows_the_shims_raw_content_limit():
+    from softprobe.gym.shim.protocol import MAX_RAW_BYTES
+
+    assert shim.MAX_RAW_BYTES == MAX_RAW_BYTES

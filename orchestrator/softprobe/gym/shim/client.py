@@ -13,6 +13,7 @@ from pydantic_core import from_json
 from softprobe.gym.actions import wire_json
 from softprobe.gym.errors import SandboxError, SandboxLostError, ShimReplyError
 from softprobe.gym.shim.protocol import (
+    MAX_RAW_BYTES,
     ApplyChangesRequest,
     ApplyChangesResult,
     CallResult,
@@ -189,6 +190,11 @@ class ShimClient:
             payload = request if isinstance(request, dict) else request.model_dump()
             payload["id"] = request_id
             if raw is not None:
+                if len(raw) > MAX_RAW_BYTES:
+                    raise SandboxError(
+                        f"a {op!r} request would carry {len(raw)} bytes, over the {MAX_RAW_BYTES} the shim takes "
+                        "at once; nothing was sent (a seed this large must go in with the container: pool_size=0)"
+                    )
                 payload["raw"] = len(raw)
             try:
                 line = wire_json(payload)

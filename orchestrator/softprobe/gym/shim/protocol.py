@@ -48,6 +48,10 @@ class ReadTextRequest(_Request):
     max_bytes: int
 
 
+#: The most raw content one request may carry: the shim's own limit (``agent_shim.MAX_RAW_BYTES``).
+MAX_RAW_BYTES = 1 << 30
+
+
 class SeedRequest(_Request):
     """Extract a tar (names relative to the workspace), sent as the request's raw content,
     into the workspace."""
