@@ -367,21 +367,17 @@ async def _concurrency_rows(image: str, tmp: Path, seed: Path, k: int, steps_eac
     total = 2 * k * steps_each
     ours_rate, call_rate, exists_rate = (total / walls[key] for key in ("ours", "call", "exists"))
     p99 = round(_p(latencies, 0.99) * 1000, 3)
+
+    def against(name: str, baseline: str, rate: float, meaning: str) -> BenchRow:
+        return BenchRow(name=name, unit="steps/s", ours_p50=round(ours_rate), ours_p99=p99, baseline=baseline,
+                        baseline_p50=round(rate), ratio=round(ours_rate / rate, 2), ratio_meaning=meaning,
+                        samples=total)
+
     return [
-        BenchRow(
-            name=f"{k} episodes stepping at once", unit="steps/s", ours_p50=round(ours_rate), ours_p99=p99,
-            baseline="the same call sent bare, same containers", baseline_p50=round(call_rate),
-            ratio=round(ours_rate / call_rate, 2),
-            ratio_meaning="ours/baseline rate: what the host's bookkeeping costs (p99 column: our step latency in ms)",
-            samples=total,
-        ),
-        BenchRow(
-            name=f"{k} episodes stepping at once (vs exists)", unit="steps/s", ours_p50=round(ours_rate), ours_p99=p99,
-            baseline="bare shim round trips (exists), same containers", baseline_p50=round(exists_rate),
-            ratio=round(ours_rate / exists_rate, 2),
-            ratio_meaning="ours/baseline rate: the host and the shim's call against the channel alone",
-            samples=total,
-        ),
+        against(f"{k} episodes stepping at once", "the same call sent bare, same containers", call_rate,
+                "ours/baseline rate: what the host's bookkeeping costs (p99 column: our step latency in ms)"),
+        against(f"{k} episodes stepping at once (vs exists)", "bare shim round trips (exists), same containers",
+                exists_rate, "ours/baseline rate: the host and the shim's call against the channel alone"),
     ]
 
 
