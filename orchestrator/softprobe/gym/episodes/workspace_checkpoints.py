@@ -149,11 +149,16 @@ class _SharedBatch:
     def __init__(self) -> None:
         self._users = 0
         self._content: asyncio.Future[bytes] | None = None
+        self._batch: list[_Piece] | None = None  # the plan the shared content was read for
 
     async def read(self, snapshot: WorkspaceSnapshot, batch: list[_Piece]) -> bytes:
         with self.held():
             if self._content is None:
-                self._content = asyncio.ensure_future(asyncio.to_thread(snapshot.read, batch, {}))
+                self._content, self._batch = asyncio.ensure_future(asyncio.to_thread(snapshot.read, batch, {})), batch
+            elif batch != self._batch:
+                # The store changed between two restores' plans: content read for another plan
+                # would not fit this one's pieces. This restore reads (and checks) its own.
+                return await asyncio.to_thread(snapshot.read, batch, {})
             # Shielded: one restore being cancelled must not fail the others reading with it.
             return await asyncio.shield(self._content)
 
@@ -165,7 +170,7 @@ class _SharedBatch:
         finally:
             self._users -= 1
             if self._users == 0:
-                self._content = None  # nothing is kept between groups of restores
+                self._content = self._batch = None  # nothing is kept between groups of restores
 
 
 class BlobStore:
