@@ -220,17 +220,13 @@ async def test_agent_content_that_looks_like_shim_requests_stays_content(tmp_pat
     assert local_objects(local_provider, host) == ([], [])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BREAK, not fixed here (and older than session 6): a snapshot does not keep its blobs' sizes, so a restore "
-    "plans from the store's file sizes and checks a blob's hash only after its last piece: a blob grown on disk "
-    "(a hostile or corrupted store) is streamed into the sandbox in full before it is refused. Fix: keep every "
-    "file blob's size in the WorkspaceSnapshot (known at checkpoint time) and refuse a store size that differs "
-    "before anything is sent."))
 async def test_a_blob_grown_on_disk_is_refused_before_it_is_streamed(tmp_path, seed_root, local_provider, monkeypatch):
-    """A hostile store replaces a 2500-byte blob with 200 kB that start with the same bytes:
-    the restore should refuse it before sending more than the checkpoint's own content (a
-    blob grown to gigabytes would otherwise fill the sandbox's disk, and on the local provider
-    the host's, before its hash is checked)."""
+    """BREAK (older than session 6): a hostile store replaces a 2500-byte blob with 200 kB that
+    start with the same bytes. A snapshot kept no blob sizes, so the restore planned from the
+    store's file sizes and checked a blob's hash only after its last piece: 199 kB were staged
+    in the sandbox before the refusal (a blob grown to gigabytes would fill the sandbox's disk,
+    and on the local provider the host's). Fix: the snapshot keeps every file blob's size from
+    the checkpoint, and a store size that differs is refused before anything is sent."""
     from softprobe.gym.shim.runtime import Runtime
 
     monkeypatch.setattr(workspace_checkpoints, "CHUNK_BYTES", 1000)
@@ -251,5 +247,5 @@ async def test_a_blob_grown_on_disk_is_refused_before_it_is_streamed(tmp_path, s
         blob.write_bytes(b"A" * 200_000)
         with pytest.raises(WorkspaceCheckpointError):
             await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
-        assert sent.get(blob.name, 0) <= 2500, sent.get(blob.name)
+        assert sent.get(blob.name, 0) == 0, sent.get(blob.name)  # refused before any of it went
     assert local_objects(local_provider, host) == ([], [])
