@@ -62,6 +62,9 @@ class WorkspaceSnapshot:
     workspace_digest: str
     blobs_added: int
     bytes_added: int
+    #: Every file blob's size when the checkpoint was taken (None: not known, the store's is
+    #: used): a blob of another size on disk is refused before any of it is sent.
+    sizes: dict[str, int] | None = field(default=None, compare=False, repr=False)
     # The content of a snapshot that fits one request, while restores of it run at once (the
     # children of a fork_many): read and checked once, sent to each.
     _shared: _SharedBatch = field(default_factory=lambda: _SharedBatch(), compare=False, repr=False)
@@ -95,6 +98,8 @@ class WorkspaceSnapshot:
         room = CHUNK_BYTES
         for sha in dict.fromkeys(value for _path, kind, _mode, value in self.entries if kind == "file"):
             size, offset = self.store.size(sha), 0
+            if self.sizes is not None and self.sizes.get(sha) != size:
+                raise self.store.changed(sha)  # grown or shrunk on disk: not streamed, refused
             while True:
                 if room == 0:
                     batches.append([])
@@ -149,11 +154,16 @@ class _SharedBatch:
     def __init__(self) -> None:
         self._users = 0
         self._content: asyncio.Future[bytes] | None = None
+        self._batch: list[_Piece] | None = None  # the plan the shared content was read for
 
     async def read(self, snapshot: WorkspaceSnapshot, batch: list[_Piece]) -> bytes:
         with self.held():
             if self._content is None:
-                self._content = asyncio.ensure_future(asyncio.to_thread(snapshot.read, batch, {}))
+                self._content, self._batch = asyncio.ensure_future(asyncio.to_thread(snapshot.read, batch, {})), batch
+            elif batch != self._batch:
+                # The store changed between two restores' plans: content read for another plan
+                # would not fit this one's pieces. This restore reads (and checks) its own.
+                return await asyncio.to_thread(snapshot.read, batch, {})
             # Shielded: one restore being cancelled must not fail the others reading with it.
             return await asyncio.shield(self._content)
 
@@ -165,7 +175,7 @@ class _SharedBatch:
         finally:
             self._users -= 1
             if self._users == 0:
-                self._content = None  # nothing is kept between groups of restores
+                self._content = self._batch = None  # nothing is kept between groups of restores
 
 
 class BlobStore:
@@ -293,7 +303,10 @@ async def take_workspace_snapshot(
         await asyncio.to_thread(staging.commit, store, checkpoint_id, manifest)
     finally:
         await asyncio.to_thread(staging.remove)
-    return WorkspaceSnapshot(entries, store, first.workspace_digest, len(sizes), content)
+    files = {value for _path, kind, _mode, value in entries if kind == "file"}
+    known_sizes = await asyncio.to_thread(lambda: {sha: store.size(sha) for sha in files - set(sizes)})
+    return WorkspaceSnapshot(entries, store, first.workspace_digest, len(sizes), content,
+                             sizes={**known_sizes, **{sha: sizes[sha] for sha in files & set(sizes)}})
 
 
 async def _ask(
