@@ -271,3 +271,31 @@ async def test_a_group_of_restores_reads_the_blobs_once(tmp_path, seed_root, loc
         # Nothing is kept once the group is done: a later fork reads the store again.
         await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
         assert len(reads) == 2
+
+
+async def test_a_checkpoint_records_blob_sizes_without_a_stat_per_stored_blob(tmp_path, seed_root, local_provider,
+                                                                           monkeypatch):
+    """A snapshot keeps each blob's size (a restore refuses a blob of another size before
+    sending it); sizes of blobs this host stored come from memory, so a checkpoint after a
+    one-file change costs what changed, not a stat per file of the workspace."""
+    from softprobe.gym.episodes import workspace_checkpoints
+
+    async with host_of(tmp_path, seed_root, local_provider) as host:
+        await ready(host)
+        await host.step(episode_id="ep-1", action=tool(
+            "shell.exec", command="for i in $(seq 1 40); do echo file-$i > f$i; done"))
+        await host.checkpoint(episode_id="ep-1")
+        stats: list[str] = []
+        real_size = workspace_checkpoints.BlobStore.size
+
+        def counting_size(self, sha):  # type: ignore[no-untyped-def]
+            stats.append(sha)
+            return real_size(self, sha)
+
+        monkeypatch.setattr(workspace_checkpoints.BlobStore, "size", counting_size)
+        await host.step(episode_id="ep-1", action=tool("fs.write", path="f1", content="changed"))
+        record = await host.checkpoint(episode_id="ep-1")
+        assert stats == []
+        child = await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
+        assert len(stats) == len(set(stats)) >= 41  # the restore checks each file blob once against its size
+        assert (await host.step(episode_id=child.episode_id, action=tool("fs.read", path="f1"))).observation == "changed"

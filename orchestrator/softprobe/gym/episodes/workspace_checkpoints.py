@@ -185,6 +185,9 @@ class BlobStore:
         self.folder = folder
         self.blobs = folder / "blobs"
         self._known: set[str] | None = None
+        # Each blob's size when it was stored (content-addressed, so it never changes): what a
+        # snapshot records without a stat per file at every checkpoint.
+        self._sizes: dict[str, int] = {}
 
     def known(self) -> set[str]:
         """The sha256 of every blob held (listed once, then kept up to date)."""
@@ -209,6 +212,19 @@ class BlobStore:
             return (self.blobs / sha).stat().st_size
         except OSError as err:
             raise self._unreadable(sha, err) from None
+
+    def stored(self, sha: str, size: int) -> None:
+        """Note a blob just moved into the store (checked against its name, ``size`` bytes)."""
+        self.known().add(sha)
+        self._sizes[sha] = size
+
+    def stored_size(self, sha: str) -> int:
+        """A blob's size as stored (read from disk once, for a blob this process did not store;
+        blocking then)."""
+        size = self._sizes.get(sha)
+        if size is None:
+            size = self._sizes[sha] = self.size(sha)
+        return size
 
     def read_piece(self, sha: str, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes of a blob from ``offset`` (blocking; the caller checks the
@@ -304,9 +320,8 @@ async def take_workspace_snapshot(
     finally:
         await asyncio.to_thread(staging.remove)
     files = {value for _path, kind, _mode, value in entries if kind == "file"}
-    known_sizes = await asyncio.to_thread(lambda: {sha: store.size(sha) for sha in files - set(sizes)})
-    return WorkspaceSnapshot(entries, store, first.workspace_digest, len(sizes), content,
-                             sizes={**known_sizes, **{sha: sizes[sha] for sha in files & set(sizes)}})
+    recorded = await asyncio.to_thread(lambda: {sha: store.stored_size(sha) for sha in files})
+    return WorkspaceSnapshot(entries, store, first.workspace_digest, len(sizes), content, sizes=recorded)
 
 
 async def _ask(
@@ -389,10 +404,9 @@ class _Staging:
 
     def commit(self, store: BlobStore, checkpoint_id: str, manifest: bytes) -> None:
         store.blobs.mkdir(parents=True, exist_ok=True)
-        known = store.known()
         for sha in self.done:
             os.replace(self.folder / sha, store.blobs / sha)
-            known.add(sha)
+            store.stored(sha, self.sizes[sha])
         store.write_manifest(checkpoint_id, manifest)
 
     def remove(self) -> None:
