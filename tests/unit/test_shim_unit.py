@@ -374,3 +374,31 @@ def test_the_host_knows_the_shims_raw_content_limit():
     from softprobe.gym.shim.protocol import MAX_RAW_BYTES
 
     assert shim.MAX_RAW_BYTES == MAX_RAW_BYTES
+
+
+def test_fs_read_asks_for_what_the_file_holds_and_goes_on_after_short_reads(tools, monkeypatch):
+    """fs.read of a small file asks for its size and one byte more (not the whole output cap:
+    a 1 MiB buffer per step is an mmap and an munmap), and a read that returns less than asked
+    before the file's end (a signal, gVisor, a network file system) is followed by another
+    rather than taken as the end: the observation is the whole file, not silently cut."""
+    workspace = Path(tools.workspace)
+    (workspace / "small.txt").write_bytes(b"s" * 200)
+    (workspace / "big.txt").write_bytes(bytes(range(256)) * 40)  # 10,240 B, under the cap
+    (workspace / "huge.txt").write_bytes(b"h" * 100 + b"m" * 5000 + b"t" * 100)  # over a 128 B cap
+    tools.call({"tool": "fs.read", "args": {"path": "in.txt"}})  # the workspace index hashes the new files
+    asked: list[int] = []
+    real_read = os.read
+
+    def short_read(fd: int, n: int) -> bytes:
+        asked.append(n)
+        return real_read(fd, min(n, 1000))  # at most 1000 bytes a read, as some file systems do
+
+    monkeypatch.setattr(os, "read", short_read)
+    small = tools.call({"tool": "fs.read", "args": {"path": "small.txt"}})
+    assert small["observation"] == "s" * 200 and asked[0] == 201
+    big = tools.call({"tool": "fs.read", "args": {"path": "big.txt"}})
+    assert big["observation"] == (bytes(range(256)) * 40).decode("utf-8", "replace")
+    assert big["diagnostics"]["bytes"] == 10240 and not big["diagnostics"]["output_truncated"]
+    huge = tools.call({"tool": "fs.read", "args": {"path": "huge.txt"}, "output_cap": 128})
+    assert huge["observation"].startswith("h" * 64) and huge["observation"].endswith("t" * 64)
+    monkeypatch.undo()
