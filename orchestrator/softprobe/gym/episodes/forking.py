@@ -223,20 +223,21 @@ class Forker:
         ids: list[str | None] = list(child_episode_ids) if child_episode_ids else [None] * n
         # All children at once: their sandboxes start (or come from the pool) concurrently, and a
         # prefix is replayed in each from the parent's tape entries, shared (never re-recorded).
-        tasks = [asyncio.ensure_future(self.fork(parent, path, checkpoint_id, prefix_length, child_id, strict))
-                 for child_id in ids]
-        try:
-            with self._group_sharing(parent, fork_path, checkpoint_id):
+        # The group's sharing is entered before its tasks exist: they inherit it (see WarmPool).
+        with self._group_sharing(parent, fork_path, checkpoint_id):
+            tasks = [asyncio.ensure_future(self.fork(parent, path, checkpoint_id, prefix_length, child_id, strict))
+                     for child_id in ids]
+            try:
                 outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        except asyncio.CancelledError:
-            # The caller gave up (a timeout): all or nothing holds here too. Each unfinished fork
-            # cleans up after itself once cancelled; the finished ones are destroyed here.
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks)
-            done = [task.result() for task in tasks if not task.cancelled() and task.exception() is None]
-            await self._destroy_all(done)
-            raise
+            except asyncio.CancelledError:
+                # The caller gave up (a timeout): all or nothing holds here too. Each unfinished
+                # fork cleans up after itself once cancelled; the finished ones are destroyed here.
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks)
+                done = [task.result() for task in tasks if not task.cancelled() and task.exception() is None]
+                await self._destroy_all(done)
+                raise
         failures = {index: outcome for index, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)}
         if not failures:
             return [outcome for outcome in outcomes if isinstance(outcome, ForkResult)]
