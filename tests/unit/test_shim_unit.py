@@ -402,3 +402,33 @@ def test_fs_read_asks_for_what_the_file_holds_and_goes_on_after_short_reads(tool
     huge = tools.call({"tool": "fs.read", "args": {"path": "huge.txt"}, "output_cap": 128})
     assert huge["observation"].startswith("h" * 64) and huge["observation"].endswith("t" * 64)
     monkeypatch.undo()
+
+
+def test_raw_content_larger_than_a_read_and_requests_sent_behind_it_stay_in_step(tmp_path):
+    """Raw content of several MiB comes in many reads of the shim's fixed buffer; a request
+    written right behind it (in the same write), and one with empty raw content, are read as
+    their own requests."""
+    import io
+    import json
+    import tarfile
+
+    data = os.urandom(3 << 20) + b"\n" * 1000  # newlines inside the content, past the first reads
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("big.bin")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    tar = buffer.getvalue()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with LocalShim(workspace) as local:
+        assert local.process.stdin is not None and local.process.stdout is not None
+        local.process.stdin.write(
+            json.dumps({"id": 1, "op": "seed", "raw": len(tar)}).encode() + b"\n" + tar + b"\n"
+            + b'{"id": 2, "op": "exists", "path": "big.bin", "raw": 0}\n\n'
+            + b'{"id": 3, "op": "exists", "path": "nothing"}\n')
+        local.process.stdin.flush()
+        replies = [json.loads(local.process.stdout.readline()) for _ in range(3)]
+        assert [reply["id"] for reply in replies] == [1, 2, 3] and replies[0]["ok"]
+        assert replies[1]["result"] is True and replies[2]["result"] is False
+        assert (workspace / "big.bin").read_bytes() == data

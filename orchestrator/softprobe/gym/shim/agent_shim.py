@@ -3559,7 +3559,8 @@ class _LineReader:
             self.buffer += self.view[:got]
         if self.buffer[n] != 0x0A:
             raise ShimBroken("raw content of %d bytes is not followed by a newline" % n)
-        data = bytes(self.buffer[:n])
+        with memoryview(self.buffer) as view:  # one copy (a slice of the buffer would be two)
+            data = view[:n].tobytes()
         del self.buffer[: n + 1]
         self.scanned = 0
         return data
