@@ -256,9 +256,10 @@ class Forker:
 
     @contextlib.contextmanager
     def _group_sharing(self, parent: Episode, fork_path: ForkPath, checkpoint_id: str | None) -> Iterator[None]:
-        """While a group is placed: a workspace checkpoint's blobs are read and encoded once for
-        all children, and the warm pool refills after the group, not during it (its container
-        starts would compete with the children's restores)."""
+        """While a group is placed: a workspace checkpoint's blobs are read and checked once for
+        all children (when they fit one request), and the warm pool replaces what the group took
+        after it, not during it (its container starts would compete with the children's
+        restores)."""
         with contextlib.ExitStack() as stack:
             if fork_path is ForkPath.CHECKPOINT_IMPORT:
                 workspace = self._checkpoints.of(parent, checkpoint_id).workspace
