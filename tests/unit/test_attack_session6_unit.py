@@ -56,7 +56,6 @@ async def assert_group_left_nothing(host, provider, snapshot, parent: str = "ep-
     assert snapshot._shared._users == 0 and snapshot._shared._content is None
     pooled: set[str] = set()
     if host.pool is not None:
-        assert host.pool._deferring == 0
         assert len(host.pool._ready) + len(host.pool._filling) == host.pool.size
         await host.pool.wait_ready()
         pooled = {runtime.sandbox_id for runtime in host.pool._ready}

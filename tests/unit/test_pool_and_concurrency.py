@@ -96,3 +96,56 @@ async def test_many_episodes_step_concurrently(tmp_path, seed_root, local_provid
         for name in names:
             read = await host.step(episode_id=name, action=tool("fs.read", path="own.txt"))
             assert read.observation == name  # no episode saw another's workspace
+
+
+async def test_a_group_defers_only_its_own_refills(tmp_path, seed_root, local_provider, monkeypatch):
+    """fork_many's children take pooled sandboxes without refills starting during the group (the
+    pool refills when it ends); a take outside a group still refills at once, and a warm-up
+    fills the pool, even while another group is under way: overlapping groups never keep the
+    pool empty."""
+    from softprobe.gym.episodes.pool import WarmPool
+
+    host = create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=local_provider,
+                                   pool_size=2)
+    try:
+        await host.create_episode(episode_id="p")
+        await host.reset(episode_id="p")
+        await host.step(episode_id="p", action=tool("fs.write", path="a.txt", content="a"))
+        await host.warm_up()
+        pool = host.pool
+        assert pool is not None and pool.ready == 2
+        filling_after_take: list[int] = []
+        real_take = WarmPool.take
+
+        def take(self: WarmPool):  # type: ignore[no-untyped-def]
+            taken = real_take(self)
+            filling_after_take.append(len(self._filling))
+            return taken
+
+        monkeypatch.setattr(WarmPool, "take", take)
+        children = await host.fork_many(episode_id="p", n=2, path="prefix_reexecution", prefix_length=1)
+        assert filling_after_take == [0, 0]  # the group took two, and nothing started meanwhile
+        await pool.wait_ready()
+        assert pool.ready == 2  # refilled after the group
+        for child in children:
+            await host.destroy(episode_id=child.episode_id)
+
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def long_group() -> None:
+            with pool.refill_after():
+                entered.set()
+                await release.wait()
+
+        group = asyncio.ensure_future(long_group())
+        await entered.wait()
+        taken = pool.take()  # not the group's: replaced at once
+        assert taken is not None and filling_after_take[-1] == 1
+        await taken.remove()
+        await pool.wait_ready()
+        assert pool.ready == 2
+        release.set()
+        await group
+    finally:
+        await host.close()
+    assert local_objects(local_provider, host) == ([], [])

@@ -80,15 +80,13 @@ async def test_raw_content_follows_its_line_and_oversized_content_is_not_sent(mo
     from softprobe.gym import SandboxError
     from softprobe.gym.shim import client as client_module
 
-    hello = {"id": 1, "ok": True, "result": {"protocol": 1, "shim_sha256": "s", "workspace_digest": "d",
-                                              "workspace_files": []}}
+    hello = {"id": 1, "ok": True, "result": {
+        "protocol": 1, "shim_version": "v", "python": "3", "uid": 1000, "workspace": "/workspace", "tools": [],
+        "shim_sha256": "s", "workspace_digest": "d", "workspace_files": ["seeded.txt"]}}
     channel = ScriptedChannel(json.dumps(hello).encode())
     client = ShimClient(channel)
     tar = b"tar\nwith\nnewlines"
-    try:
-        await client.seed(tar)
-    except ShimReplyError:
-        pass  # the scripted hello may lack fields; what was sent is the point
+    assert (await client.seed(tar)).workspace_files == ["seeded.txt"]
     header, _, content = channel.sent[0].partition(b"\n")
     assert json.loads(header) == {"op": "seed", "id": 1, "raw": len(tar)} and content == tar
     monkeypatch.setattr(client_module, "MAX_RAW_BYTES", 4)

@@ -374,3 +374,61 @@ def test_the_host_knows_the_shims_raw_content_limit():
     from softprobe.gym.shim.protocol import MAX_RAW_BYTES
 
     assert shim.MAX_RAW_BYTES == MAX_RAW_BYTES
+
+
+def test_fs_read_asks_for_what_the_file_holds_and_goes_on_after_short_reads(tools, monkeypatch):
+    """fs.read of a small file asks for its size and one byte more (not the whole output cap:
+    a 1 MiB buffer per step is an mmap and an munmap), and a read that returns less than asked
+    before the file's end (a signal, gVisor, a network file system) is followed by another
+    rather than taken as the end: the observation is the whole file, not silently cut."""
+    workspace = Path(tools.workspace)
+    (workspace / "small.txt").write_bytes(b"s" * 200)
+    (workspace / "big.txt").write_bytes(bytes(range(256)) * 40)  # 10,240 B, under the cap
+    (workspace / "huge.txt").write_bytes(b"h" * 100 + b"m" * 5000 + b"t" * 100)  # over a 128 B cap
+    tools.call({"tool": "fs.read", "args": {"path": "in.txt"}})  # the workspace index hashes the new files
+    asked: list[int] = []
+    real_read = os.read
+
+    def short_read(fd: int, n: int) -> bytes:
+        asked.append(n)
+        return real_read(fd, min(n, 1000))  # at most 1000 bytes a read, as some file systems do
+
+    monkeypatch.setattr(os, "read", short_read)
+    small = tools.call({"tool": "fs.read", "args": {"path": "small.txt"}})
+    assert small["observation"] == "s" * 200 and asked[0] == 201
+    big = tools.call({"tool": "fs.read", "args": {"path": "big.txt"}})
+    assert big["observation"] == (bytes(range(256)) * 40).decode("utf-8", "replace")
+    assert big["diagnostics"]["bytes"] == 10240 and not big["diagnostics"]["output_truncated"]
+    huge = tools.call({"tool": "fs.read", "args": {"path": "huge.txt"}, "output_cap": 128})
+    assert huge["observation"].startswith("h" * 64) and huge["observation"].endswith("t" * 64)
+    monkeypatch.undo()
+
+
+def test_raw_content_larger_than_a_read_and_requests_sent_behind_it_stay_in_step(tmp_path):
+    """Raw content of several MiB comes in many reads of the shim's fixed buffer; a request
+    written right behind it (in the same write), and one with empty raw content, are read as
+    their own requests."""
+    import io
+    import json
+    import tarfile
+
+    data = os.urandom(3 << 20) + b"\n" * 1000  # newlines inside the content, past the first reads
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("big.bin")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    tar = buffer.getvalue()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with LocalShim(workspace) as local:
+        assert local.process.stdin is not None and local.process.stdout is not None
+        local.process.stdin.write(
+            json.dumps({"id": 1, "op": "seed", "raw": len(tar)}).encode() + b"\n" + tar + b"\n"
+            + b'{"id": 2, "op": "exists", "path": "big.bin", "raw": 0}\n\n'
+            + b'{"id": 3, "op": "exists", "path": "nothing"}\n')
+        local.process.stdin.flush()
+        replies = [json.loads(local.process.stdout.readline()) for _ in range(3)]
+        assert [reply["id"] for reply in replies] == [1, 2, 3] and replies[0]["ok"]
+        assert replies[1]["result"] is True and replies[2]["result"] is False
+        assert (workspace / "big.bin").read_bytes() == data

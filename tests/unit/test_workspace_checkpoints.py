@@ -299,3 +299,41 @@ async def test_a_checkpoint_records_blob_sizes_without_a_stat_per_stored_blob(tm
         child = await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
         assert len(stats) == len(set(stats)) >= 41  # the restore checks each file blob once against its size
         assert (await host.step(episode_id=child.episode_id, action=tool("fs.read", path="f1"))).observation == "changed"
+
+
+def test_restore_plans_edge_cases_and_reads_blobs_split_across_requests(tmp_path, monkeypatch):
+    """The stage plan: no requests for a workspace without files; a blob of exactly a request's
+    size fills one; empty blobs and duplicates in a manifest are staged once; a blob split
+    across requests is read whole and checked when its last piece is read."""
+    import hashlib
+
+    from softprobe.gym.episodes import workspace_checkpoints as wc
+
+    monkeypatch.setattr(wc, "CHUNK_BYTES", 10)
+    store = wc.BlobStore(tmp_path / "checkpoints")
+    store.blobs.mkdir(parents=True)
+
+    def blob(content: bytes) -> str:
+        sha = hashlib.sha256(content).hexdigest()
+        (store.blobs / sha).write_bytes(content)
+        return sha
+
+    def snapshot(*entries: tuple) -> wc.WorkspaceSnapshot:  # type: ignore[type-arg]
+        return wc.WorkspaceSnapshot(tuple(entries), store, "digest", 0, 0)
+
+    assert snapshot(("d", "dir", 0o755, ""), ("l", "symlink", 0, "d"))._plan() == []
+    ten, empty, long = blob(b"0123456789"), blob(b""), blob(b"abcdefghijklmnopqrstuvw")
+    assert snapshot(("a", "file", 0o644, ten), ("b", "file", 0o644, empty))._plan() == [
+        [(ten, 0, 10, True)], [(empty, 0, 0, True)]]
+    plan = snapshot(("a", "file", 0o644, empty), ("b", "file", 0o644, long), ("c", "file", 0o600, empty),
+                    ("d", "file", 0o644, ten))._plan()
+    assert plan == [[(empty, 0, 0, True), (long, 0, 10, False)], [(long, 10, 10, False)],
+                    [(long, 20, 3, True), (ten, 0, 7, False)], [(ten, 7, 3, True)]]
+    hashers: dict[str, object] = {}
+    content = b"".join(snapshot().read(batch, hashers) for batch in plan)  # type: ignore[arg-type]
+    assert content == b"abcdefghijklmnopqrstuvw0123456789" and hashers == {}
+    (store.blobs / long).write_bytes(b"abcdefghijklmnopqrstuvX")  # same size, other content
+    hashers = {}
+    assert snapshot().read(plan[0], hashers) and snapshot().read(plan[1], hashers)  # type: ignore[arg-type]
+    with pytest.raises(WorkspaceCheckpointError, match="does not hold what its name says"):
+        snapshot().read(plan[2], hashers)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ else the machine does affects both sides alike. Rows:
 
 - a step (``fs.read`` of 200 B) vs ``docker exec cat``; ``shell.exec true`` vs ``docker exec true``;
 - a cold reset vs ``docker create`` + ``put_archive`` + ``start``; a warm reset (from the pool);
+  both again with the billing world's service vs one container;
 - a checkpoint vs ``docker commit``; forks by prefix re-execution (N=1, 10) and checkpoint import;
 - K episodes stepping at once (K = 1, 8, 32, 64): steps/s, vs the same call sent bare to the same
   containers (what the host's bookkeeping costs) and vs bare ``exists`` round trips (the channel
@@ -14,7 +15,10 @@ else the machine does affects both sides alike. Rows:
 - a step with tracing on (OpenTelemetry, spans recorded and dropped) vs off, interleaved;
 - a step after a one-file change in a 10,000-file workspace vs the same in an empty one;
 - memory of an idle episode (its container and the host's share);
-- a full support-desk training rollout, end to end.
+- a full support-desk training rollout, end to end;
+- workspace-scope checkpoints of a 1 MB workspace (all new, and after a 1-file change) and their
+  import vs the container-scope ones; ``fork_many(8)`` vs one fork (checkpoint import and
+  prefix re-execution).
 
 Ratios, not absolute times, are what carry from one machine to another.
 """

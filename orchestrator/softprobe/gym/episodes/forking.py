@@ -223,7 +223,8 @@ class Forker:
         ids: list[str | None] = list(child_episode_ids) if child_episode_ids else [None] * n
         # All children at once: their sandboxes start (or come from the pool) concurrently, and a
         # prefix is replayed in each from the parent's tape entries, shared (never re-recorded).
-        with self._group_sharing(parent, fork_path, checkpoint_id):  # entered before any child exists
+        # The group's sharing is entered before its tasks exist: they inherit it (see WarmPool).
+        with self._group_sharing(parent, fork_path, checkpoint_id):
             tasks = [asyncio.ensure_future(self.fork(parent, path, checkpoint_id, prefix_length, child_id, strict))
                      for child_id in ids]
             try:
@@ -255,9 +256,10 @@ class Forker:
 
     @contextlib.contextmanager
     def _group_sharing(self, parent: Episode, fork_path: ForkPath, checkpoint_id: str | None) -> Iterator[None]:
-        """While a group is placed: a workspace checkpoint's blobs are read and encoded once for
-        all children, and the warm pool refills after the group, not during it (its container
-        starts would compete with the children's restores)."""
+        """While a group is placed: a workspace checkpoint's blobs are read and checked once for
+        all children (when they fit one request), and the warm pool replaces what the group took
+        after it, not during it (its container starts would compete with the children's
+        restores)."""
         with contextlib.ExitStack() as stack:
             if fork_path is ForkPath.CHECKPOINT_IMPORT:
                 workspace = self._checkpoints.of(parent, checkpoint_id).workspace

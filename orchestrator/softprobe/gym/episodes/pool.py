@@ -13,11 +13,16 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Iterator
+from contextvars import ContextVar
 
 from softprobe.gym.providers.base import Provider, SandboxSpec
 from softprobe.gym.shim.runtime import Runtime
 
 log = logging.getLogger("softprobe.gym.episodes.pool")
+
+#: The pool whose group (:meth:`WarmPool.refill_after`) the current task belongs to: a context
+#: variable, so that the tasks a group starts inherit it and other episodes' tasks do not.
+_GROUP: ContextVar[WarmPool | None] = ContextVar("softprobe_gym_pool_group", default=None)
 
 
 class WarmPool:
@@ -31,7 +36,6 @@ class WarmPool:
         self._filling: set[asyncio.Task[None]] = set()
         self._removing: set[asyncio.Future[None]] = set()  # dead idle sandboxes being removed
         self._closed = False
-        self._deferring = 0  # refill_after() blocks under way
         self.started = 0  # containers this pool has started (for tests and the bench)
         self.failures = 0
 
@@ -40,7 +44,8 @@ class WarmPool:
         return len(self._ready)
 
     def take(self) -> Runtime | None:
-        """A ready sandbox, or None if none is ready (the caller starts one cold). Refills."""
+        """A ready sandbox, or None if none is ready (the caller starts one cold). Refills (a
+        take within :meth:`refill_after`: when it ends)."""
         sandbox = None
         while self._ready:
             candidate = self._ready.popleft()
@@ -50,27 +55,28 @@ class WarmPool:
             removal = asyncio.ensure_future(candidate.remove())  # died while idle
             self._removing.add(removal)
             removal.add_done_callback(self._removing.discard)
-        self.refill()
+        if _GROUP.get() is not self:
+            self.refill()
         return sandbox
 
     def refill(self) -> None:
-        """Start containers in the background until ``size`` are ready or starting (not within
-        :meth:`refill_after`: then when it ends)."""
-        while not self._closed and not self._deferring and len(self._ready) + len(self._filling) < self.size:
+        """Start containers in the background until ``size`` are ready or starting."""
+        while not self._closed and len(self._ready) + len(self._filling) < self.size:
             task = asyncio.ensure_future(self._start_one())
             self._filling.add(task)
             task.add_done_callback(self._filling.discard)
 
     @contextlib.contextmanager
     def refill_after(self) -> Iterator[None]:
-        """Within this, taken containers are replaced only when it ends: a group of episodes
-        placed at once (``fork_many``) gets the pool's containers without new container starts
-        competing with it for the CPU."""
-        self._deferring += 1
+        """Within this, in the current task and the tasks started in it, taken containers are
+        replaced only when it ends: a group of episodes placed at once (``fork_many``) gets the
+        pool's containers without new container starts competing with it for the CPU. Takes by
+        other tasks refill as always, so groups that overlap never keep the pool empty."""
+        token = _GROUP.set(self)
         try:
             yield
         finally:
-            self._deferring -= 1
+            _GROUP.reset(token)
             self.refill()
 
     async def wait_ready(self) -> None:

@@ -611,16 +611,22 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _read_up_to(fd: int, n: int) -> bytes:
-    """Up to ``n`` bytes from the regular file ``fd``: fewer only at its end (a short read of
-    a regular file is its end, so a small file costs one read)."""
+def _read_up_to(fd: int, n: int, expected: int) -> bytes:
+    """Up to ``n`` bytes of the regular file ``fd`` from its offset, where ``expected`` of them
+    are known to be there (from its size): the first read asks for those and one byte more, so
+    a small file costs one small read. A read may return less than asked before the end (a
+    signal, gVisor, a network file system): only a short read past ``expected`` bytes, or an
+    empty one, ends it (a file that grew is read on, up to ``n``)."""
     parts = []
-    while n > 0:
-        want = min(n, 1 << 24)
+    got = 0
+    while got < n:
+        want = min(n - got, 1 << 24, expected - got + 1 if got <= expected else 1 << 24)
         data = os.read(fd, want)
+        if not data:
+            break
         parts.append(data)
-        n -= len(data)
-        if len(data) < want:
+        got += len(data)
+        if len(data) < want and got >= expected:
             break
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -1530,12 +1536,12 @@ class Shim:
                 keep = output.cap // 2
                 if size > output.cap:
                     # Only the head and the tail are kept: read just those, not gigabytes between.
-                    output.add(_read_up_to(fd, keep))
+                    output.add(_read_up_to(fd, keep, keep))
                     os.lseek(fd, size - keep, os.SEEK_SET)
-                    output.add(_read_up_to(fd, keep))
+                    output.add(_read_up_to(fd, keep, keep))
                     output.total = size
                 else:
-                    output.add(_read_up_to(fd, output.cap + 1))
+                    output.add(_read_up_to(fd, output.cap + 1, size))
             finally:
                 os.close(fd)
         except OSError as err:
@@ -3553,7 +3559,8 @@ class _LineReader:
             self.buffer += self.view[:got]
         if self.buffer[n] != 0x0A:
             raise ShimBroken("raw content of %d bytes is not followed by a newline" % n)
-        data = bytes(self.buffer[:n])
+        with memoryview(self.buffer) as view:  # one copy (a slice of the buffer would be two)
+            data = view[:n].tobytes()
         del self.buffer[: n + 1]
         self.scanned = 0
         return data

@@ -63,7 +63,10 @@ class ShimRefusedError(SandboxError):
 class LineChannel(Protocol):
     """A duplex byte channel carrying one message per line (the transport under the client)."""
 
-    async def send_line(self, line: bytes) -> None: ...
+    async def send_line(self, line: bytes) -> None:
+        """Send ``line`` and a newline, every byte as it is: a request with raw content passes
+        its line, a newline and the content as one ``line`` (the content may hold newlines)."""
+        ...
 
     async def recv_line(self) -> bytes:
         """Return the next line without its newline; raise EOFError when the peer is gone."""

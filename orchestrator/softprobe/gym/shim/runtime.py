@@ -236,8 +236,8 @@ class Runtime:
         after the other).
 
         Raises:
-            ShimRefusedError: the piece was refused (out of order, or the blob does not match
-                its name); SandboxLostError: as for :meth:`call_tool`.
+            ShimRefusedError: a piece was refused (out of order, or a blob does not match its
+                name); SandboxLostError: as for :meth:`call_tool`.
         """
         try:
             await self._client.workspace_stage(request, data)
