@@ -170,5 +170,5 @@ def test_the_shim_answers_every_garbage_line_and_keeps_serving(local_shim, line)
     assert set(answer) >= {"id", "ok"}
     if not answer["ok"]:
         assert answer["error"]["type"] in {"protocol_error", "shim_error", "invalid_arguments", "path_outside_workspace", "not_found"}
-    hello = ask(local_shim, b'{"id": 7, "op": "hello", "protocol": 1}')
+    hello = ask(local_shim, b'{"id": 7, "op": "hello", "protocol": 2}')
     assert hello["ok"] and hello["id"] == 7

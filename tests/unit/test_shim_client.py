@@ -81,7 +81,7 @@ async def test_raw_content_follows_its_line_and_oversized_content_is_not_sent(mo
     from softprobe.gym.shim import client as client_module
 
     hello = {"id": 1, "ok": True, "result": {
-        "protocol": 1, "shim_version": "v", "python": "3", "uid": 1000, "workspace": "/workspace", "tools": [],
+        "protocol": 2, "shim_version": "v", "python": "3", "uid": 1000, "workspace": "/workspace", "tools": [],
         "shim_sha256": "s", "workspace_digest": "d", "workspace_files": ["seeded.txt"]}}
     channel = ScriptedChannel(json.dumps(hello).encode())
     client = ShimClient(channel)

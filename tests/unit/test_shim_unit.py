@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -432,3 +433,21 @@ def test_raw_content_larger_than_a_read_and_requests_sent_behind_it_stay_in_step
         assert [reply["id"] for reply in replies] == [1, 2, 3] and replies[0]["ok"]
         assert replies[1]["result"] is True and replies[2]["result"] is False
         assert (workspace / "big.bin").read_bytes() == data
+
+
+def test_fs_read_of_a_fifo_swapped_in_after_its_stat_is_refused_without_blocking(tools, monkeypatch):
+    """fs.read stats, then opens: a FIFO in place of the file by the time of the open (the stat
+    saw a regular file) is opened without blocking and refused, never read from."""
+    workspace = Path(tools.workspace)
+    os.mkfifo(workspace / "pipe")
+    real_stat = os.stat
+
+    def looks_regular(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        result = real_stat(path, *args, **kwargs)
+        if str(path).endswith("pipe"):
+            return os.stat_result((stat.S_IFREG | 0o644, *tuple(result)[1:]))
+        return result
+
+    monkeypatch.setattr(shim.os, "stat", looks_regular)
+    result = tools.handle({"op": "call", "tool": "fs.read", "args": {"path": "pipe"}})
+    assert result["error"]["type"] == "not_a_regular_file"

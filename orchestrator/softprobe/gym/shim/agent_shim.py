@@ -7,13 +7,13 @@ response per line on stdout; everything else it has to say goes to stderr.
 
 Requests (``id`` is echoed back; ``protocol`` must match on ``hello``):
 
-    {"id": 1, "op": "hello", "protocol": 1}
+    {"id": 1, "op": "hello", "protocol": 2}
     {"id": 2, "op": "call", "tool": "fs.read", "args": {...}, "timeout_s": 30, "output_cap": 1048576}
     (a call may carry "traceparent": "00-<32 hex>-<16 hex>-<2 hex>", the W3C trace context the
     processes it starts get as TRACEPARENT; anything not of that form is ignored)
     {"id": 3, "op": "exists", "path": "notes.md"}
     {"id": 4, "op": "read_text", "path": "notes.md", "max_bytes": 1048576}
-    {"id": 4, "op": "seed", "raw": 10240}   (then 10240 bytes: a tar of the seed files)
+    {"id": 12, "op": "seed", "raw": 10240}   (then 10240 bytes: a tar of the seed files)
     {"id": 5, "op": "overlay", "tools": {"billing.refund": {...manifest entry...}}, "archive": "<base64 tar>"}
     {"id": 6, "op": "export_changes", "max_bytes": 8388608}   (what the last call changed, for a tape)
     {"id": 7, "op": "apply_changes", "changes": [{"path": "a.txt", "kind": "file", "mode": 420, "data": "..."}]}
@@ -104,7 +104,7 @@ if TYPE_CHECKING:
     ToolResult = tuple[Any, dict[str, Any], list[bytes] | None]
     BuiltinTool = Callable[[dict[str, Any], float, int], ToolResult]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: bulk content as raw bytes after the request line
 SHIM_VERSION = "1.0"
 DEFAULT_MANIFEST = "/etc/softprobe/tools.json"
 #: Where a container's overlay files (tools added without an image build) land: outside the
@@ -1530,9 +1530,14 @@ class Shim:
             raise ToolError("not_a_regular_file", "%r is not a regular file" % args["path"])
         output = CappedOutput(output_cap)
         try:  # raw fds: a buffered file object costs an ioctl, an lseek and an fstat more
-            fd = os.open(real, os.O_RDONLY | os.O_CLOEXEC)
+            # Non-blocking and checked again once open: a FIFO swapped in after the stat never
+            # blocks the shim.
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             try:
-                size = os.fstat(fd).st_size
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise ToolError("not_a_regular_file", "%r is not a regular file" % args["path"])
+                size = st.st_size
                 keep = output.cap // 2
                 if size > output.cap:
                     # Only the head and the tail are kept: read just those, not gigabytes between.

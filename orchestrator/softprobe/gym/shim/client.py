@@ -196,7 +196,8 @@ class ShimClient:
                 if len(raw) > MAX_RAW_BYTES:
                     raise SandboxError(
                         f"a {op!r} request would carry {len(raw)} bytes, over the {MAX_RAW_BYTES} the shim takes "
-                        "at once; nothing was sent (a seed this large must go in with the container: pool_size=0)"
+                        "at once; nothing was sent (use a smaller seed; on Docker, pool_size=0 copies the seed in "
+                        "with the container)"
                     )
                 payload["raw"] = len(raw)
             try:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from softprobe.gym.results import StepError, ToolInfo
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: bulk content as raw bytes after the request line
 
 
 class _Request(BaseModel):
