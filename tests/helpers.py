@@ -28,6 +28,22 @@ async def processes(host, episode_id: str) -> str:  # type: ignore[no-untyped-de
     return listing
 
 
+def host_objects(host) -> tuple[set[str], set[str]]:  # type: ignore[no-untyped-def]
+    """The ids of this host's containers (running or not) and images: the engine is shared,
+    only ours count."""
+    import docker
+
+    from softprobe.gym import labels as L
+
+    client = docker.from_env()
+    try:
+        label = {"label": f"{L.HOST}={host.host_id}"}
+        return ({c["Id"] for c in client.api.containers(all=True, filters=label)},
+                {i["Id"] for i in client.api.images(filters=label)})
+    finally:
+        client.close()
+
+
 def host_containers(host) -> list:  # type: ignore[no-untyped-def]
     """Every container (running or not) carrying this host's label."""
     import docker
@@ -197,3 +213,15 @@ class NullSubject:
 
     def import_state(self, episode_id: str, state: dict) -> None:
         return None
+
+
+#: Every capability, with workspace-scope checkpoints.
+WORKSPACE_CAPS = {**ALL_CAPS, "checkpoint_scope": "workspace"}
+
+
+def workspace_host(tmp_path, seed_root, provider, **options):  # type: ignore[no-untyped-def]
+    """A host with workspace-scope checkpoints on ``provider`` (run root under ``tmp_path``)."""
+    from softprobe.gym import create_host_environment
+
+    return create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=provider,
+                                   capabilities=WORKSPACE_CAPS, subject=NullSubject(), **options)

@@ -11,37 +11,21 @@ import hashlib
 import json
 import time
 
-import docker
 import pytest
-from helpers import ALL_CAPS, NullSubject, ready, tool
+from helpers import WORKSPACE_CAPS, NullSubject, host_objects, ready, tool
 
 from softprobe.gym import CheckpointTooLargeError, create_host_environment
-from softprobe.gym import labels as L
 from softprobe.gym.episodes import workspace_checkpoints
 from softprobe.gym.errors import ForkManyError, WorkspaceCheckpointError
 
 pytestmark = pytest.mark.docker
-
-WORKSPACE_CAPS = {**ALL_CAPS, "checkpoint_scope": "workspace"}
-
-
-def mine(host) -> tuple[set[str], set[str]]:  # type: ignore[no-untyped-def]
-    """This host's containers and images."""
-    client = docker.from_env()
-    try:
-        label = {"label": f"{L.HOST}={host.host_id}"}
-        return ({c["Id"] for c in client.api.containers(all=True, filters=label)},
-                {i["Id"] for i in client.api.images(filters=label)})
-    finally:
-        client.close()
-
 
 async def only_parent_and_pool(host, parent: str = "parent") -> None:  # type: ignore[no-untyped-def]
     """No child of a group is left: once the pool's refill is done, this host's containers are
     the parent's and the pool's, and it has no image."""
     await host.pool.wait_ready()
     expected = {host.runtime_of(episode_id=parent).sandbox_id} | {r.sandbox_id for r in host.pool._ready}
-    containers, images = mine(host)
+    containers, images = host_objects(host)
     assert containers == expected and images == set()
     assert sorted(e.name for e in (host.run_root / "episodes").iterdir()) == [parent]
 
@@ -71,7 +55,7 @@ async def test_the_agent_cannot_write_requests_into_the_shims_stdin(tmp_path, se
         assert "WROTE" not in text and text.count("refused") == 3, text
         after = await host.step(episode_id="ep-1", action=tool("shell.exec", command="ls -a; echo done"))
         assert after.error is None and "PWNED" not in str(after.observation) and "done" in str(after.observation)
-    assert mine(host) == (set(), set())
+    assert host_objects(host) == (set(), set())
 
 
 async def test_fs_read_of_fifos_sockets_and_huge_sparse_files(tmp_path, seed_root, docker_engine):
@@ -100,7 +84,7 @@ async def test_fs_read_of_fifos_sockets_and_huge_sparse_files(tmp_path, seed_roo
         assert len(str(sparse.observation)) < 3 * 1024 * 1024  # head and tail only, not a gigabyte
         still = await host.step(episode_id="ep-1", action=tool("fs.read", path="at_cap"))
         assert still.observation == "a" * 100
-    assert mine(host) == (set(), set())
+    assert host_objects(host) == (set(), set())
 
 
 async def test_odd_workspaces_are_refused_by_a_checkpoint_and_leave_the_episode_usable(
@@ -131,8 +115,8 @@ async def test_odd_workspaces_are_refused_by_a_checkpoint_and_leave_the_episode_
         assert read.error is not None  # outside the workspace: refused, as in the parent
         link = await host.step(episode_id=child.episode_id, action=tool("shell.exec", command="readlink secret; cat f"))
         assert str(link.observation).split() == ["/etc/shadow", "hi"]
-        assert mine(host)[1] == set()
-    assert mine(host) == (set(), set())
+        assert host_objects(host)[1] == set()
+    assert host_objects(host) == (set(), set())
 
 
 async def test_a_group_restores_boundary_and_request_shaped_content_byte_for_byte(tmp_path, seed_root, docker_engine):
@@ -170,7 +154,7 @@ async def test_a_group_restores_boundary_and_request_shaped_content_byte_for_byt
         for child in group:
             await host.destroy(episode_id=child.episode_id, cleanup=True)
         await only_parent_and_pool(host)
-    assert mine(host) == (set(), set())
+    assert host_objects(host) == (set(), set())
 
 
 async def test_a_group_failing_part_way_leaves_no_container_and_the_pool_refills(tmp_path, seed_root, docker_engine):
@@ -194,4 +178,4 @@ async def test_a_group_failing_part_way_leaves_no_container_and_the_pool_refills
         group = await host.fork_many(episode_id="parent", n=3, path="checkpoint_import",
                                      checkpoint_id=record.checkpoint_id)
         assert {c.lineage.workspace_digest for c in group} == {record.workspace_digest}
-    assert mine(host) == (set(), set())
+    assert host_objects(host) == (set(), set())

@@ -7,28 +7,12 @@ from __future__ import annotations
 
 import os
 
-import docker
 import pytest
-from helpers import ALL_CAPS, NullSubject, ready, tool
+from helpers import ALL_CAPS, WORKSPACE_CAPS, NullSubject, host_objects, ready, tool
 
 from softprobe.gym import ConfigurationError, create_host_environment
-from softprobe.gym import labels as L
 
 pytestmark = pytest.mark.docker
-
-WORKSPACE_CAPS = {**ALL_CAPS, "checkpoint_scope": "workspace"}
-
-
-def mine(host) -> tuple[list[str], list[str]]:  # type: ignore[no-untyped-def]
-    """This host's containers and images (the engine is shared: only ours count)."""
-    client = docker.from_env()
-    try:
-        label = {"label": f"{L.HOST}={host.host_id}"}
-        return ([c["Id"] for c in client.api.containers(all=True, filters=label)],
-                [i["Id"] for i in client.api.images(filters=label)])
-    finally:
-        client.close()
-
 
 def blob_count(host, episode_id: str) -> int:  # type: ignore[no-untyped-def]
     return len(list((host.run_root / "episodes" / episode_id / "checkpoints" / "blobs").iterdir()))
@@ -63,10 +47,10 @@ async def test_a_1mb_workspace_round_trips_and_dedups(tmp_path, seed_root, docke
         assert len(group) == 8 and {c.lineage.workspace_digest for c in group} == {second.workspace_digest}
         for c in group:  # each child's shim reports the checkpoint's digest, from a full rescan
             assert host.runtime_of(episode_id=c.episode_id).hello.workspace_digest == second.workspace_digest
-        assert mine(host)[1] == []  # no image was ever committed
+        assert host_objects(host)[1] == set()  # no image was ever committed
     finally:
         await host.close()
-    assert mine(host) == ([], [])
+    assert host_objects(host) == ([], [])
 
 
 async def test_prefix_group_of_8(tmp_path, seed_root, docker_engine):
@@ -78,7 +62,7 @@ async def test_prefix_group_of_8(tmp_path, seed_root, docker_engine):
         digest = host.trajectory(episode_id="parent")[-1].diagnostics["workspace_digest"]
         group = await host.fork_many(episode_id="parent", n=8, path="prefix_reexecution", prefix_length=1)
         assert {c.lineage.workspace_digest for c in group} == {digest}
-    assert mine(host) == ([], [])
+    assert host_objects(host) == ([], [])
 
 
 def test_refused_for_a_world_with_services(tmp_path, docker_engine):

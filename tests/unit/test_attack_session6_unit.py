@@ -14,27 +14,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import local_objects, ready, tool
+from helpers import local_objects, ready, tool, workspace_host
 
-from softprobe.gym import create_host_environment
 from softprobe.gym.episodes import workspace_checkpoints
 from softprobe.gym.errors import ForkManyError, WorkspaceCheckpointError
-
-CAPS = {"environment_checkpoint": True, "subject_state_import": True,
-        "deterministic_prefix_reexecution": True, "checkpoint_scope": "workspace"}
-
-
-class NoSubject:
-    def export_state(self, episode_id: str) -> None:
-        return None
-
-    def import_state(self, episode_id: str, state: object) -> None:
-        return None
-
-
-def host_of(tmp_path: Path, seed_root: Path, provider: object, **options: object):  # type: ignore[no-untyped-def]
-    return create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=provider,
-                                   capabilities=CAPS, subject=NoSubject(), **options)
 
 
 def blob_path(host, episode_id: str, content: bytes) -> Path:  # type: ignore[no-untyped-def]
@@ -74,7 +57,7 @@ async def test_a_blob_changed_between_two_childrens_plans_is_a_checkpoint_error(
     documented WorkspaceCheckpointError (the store was changed on disk). Integrity held (the
     shim checks every piece), the error did not. Fix: share only content read for the same
     plan; a child with another plan reads (and checks) the store itself."""
-    async with host_of(tmp_path, seed_root, local_provider) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="original"))
         record = await host.checkpoint(episode_id="ep-1")
@@ -110,7 +93,7 @@ async def test_a_failed_group_is_all_or_nothing_frees_the_shared_read_and_refill
     """A tampered blob fails every child of the group (one shared, checked read); nothing of
     the group is left, the pool (deferred during the group) refills at once, and the failure
     is not kept: with the blob repaired the same group succeeds and reads the store again."""
-    async with host_of(tmp_path, seed_root, local_provider, pool_size=2) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider, pool_size=2) as host:
         await ready(host)
         await host.warm_up()
         await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="original"))
@@ -138,7 +121,7 @@ async def test_cancelling_fork_many_at_any_point_leaves_nothing(tmp_path, seed_r
     stage of the group: pool take, plan, the shared read in its thread, staging, restore,
     digest check) until one completes: each cancelled group leaves no child, no sandbox and
     no shared content, and the pool's refill is not left deferred."""
-    async with host_of(tmp_path, seed_root, local_provider, pool_size=2) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider, pool_size=2) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool(
             "shell.exec", command="for i in 1 2 3 4 5 6; do head -c 3000 /dev/urandom > f$i; done"))
@@ -173,7 +156,7 @@ async def test_a_hostile_store_cannot_put_other_content_into_a_child(tmp_path, s
     check comes at its last piece), or a blob deleted: the fork fails with
     WorkspaceCheckpointError, and no child (nor its sandbox) is left."""
     monkeypatch.setattr(workspace_checkpoints, "CHUNK_BYTES", 1000)
-    async with host_of(tmp_path, seed_root, local_provider) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="A" * 2500))
         record = await host.checkpoint(episode_id="ep-1")
@@ -204,7 +187,7 @@ async def test_agent_content_that_looks_like_shim_requests_stays_content(tmp_pat
     files = {"inject.jsonl": inject * 5, "newline": b"\n", "exact": b"x" * 699 + b"\n", "empty": b"",
              "nul": b"\x00\n\x00" * 300}
     (seed_root / "inject.jsonl").write_bytes(files["inject.jsonl"])
-    async with host_of(tmp_path, seed_root, local_provider) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("shell.exec", command=(
             "printf '\\n' > newline && head -c 699 /dev/zero | tr '\\0' x > exact && printf '\\n' >> exact && "
@@ -238,7 +221,7 @@ async def test_a_blob_grown_on_disk_is_refused_before_it_is_streamed(tmp_path, s
         return await real_stage(self, request, data)
 
     monkeypatch.setattr(Runtime, "workspace_stage", counting_stage)
-    async with host_of(tmp_path, seed_root, local_provider) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="A" * 2500))
         record = await host.checkpoint(episode_id="ep-1")

@@ -213,27 +213,29 @@ def test_scan_mode_needs_no_inotify_and_agrees(tmp_path):
     assert s.refresh(None) == ["d4/f4.txt"] and s.index.digest == digest(workspace)
 
 
-def test_seed_op_writes_files_as_the_shim_user_and_rescans(tmp_path):
+def one_file_tar(name: str, data: bytes, mode: int = 0o644) -> bytes:
+    """A tar holding one regular file (a seed's archive)."""
     import io
     import tarfile
 
-    workspace, s = tracked_shim(tmp_path)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
-        info = tarfile.TarInfo("seeded/run.sh")
-        data = b"#!/bin/sh\n"
-        info.size, info.mode = len(data), 0o750
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), mode
         archive.addfile(info, io.BytesIO(data))
-    hello = s.handle({"op": "seed", "raw": len(buffer.getvalue())}, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def test_seed_op_writes_files_as_the_shim_user_and_rescans(tmp_path):
+    workspace, s = tracked_shim(tmp_path)
+    tar = one_file_tar("seeded/run.sh", b"#!/bin/sh\n", 0o750)
+    hello = s.handle({"op": "seed", "raw": len(tar)}, tar)
     assert "seeded/run.sh" in hello["workspace_files"]
     assert (workspace / "seeded" / "run.sh").stat().st_mode & 0o777 == 0o750
     assert hello["workspace_digest"] == digest(workspace)
-    bad = io.BytesIO()
-    with tarfile.open(fileobj=bad, mode="w") as archive:
-        info = tarfile.TarInfo("../escape")
-        archive.addfile(info, io.BytesIO(b""))
+    bad = one_file_tar("../escape", b"")
     with pytest.raises(shim.ProtocolError):
-        s.handle({"op": "seed", "raw": len(bad.getvalue())}, bad.getvalue())
+        s.handle({"op": "seed", "raw": len(bad)}, bad)
     assert not (tmp_path / "escape").exists()
 
 
@@ -344,17 +346,10 @@ def test_raw_content_follows_its_request_line_and_a_bad_length_ends_the_shim(tmp
     and the stream stays in step after it; a length the shim cannot follow (negative, not an
     int, or content not ended by a newline) ends the shim (exit 70) rather than read the rest
     of the stream out of step."""
-    import io
     import json
-    import tarfile
 
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        data = b"line one\nline two\n" * 100
-        info = tarfile.TarInfo("notes.txt")
-        info.size = len(data)
-        archive.addfile(info, io.BytesIO(data))
-    tar = buffer.getvalue()
+    data = b"line one\nline two\n" * 100
+    tar = one_file_tar("notes.txt", data)
     workspace = tmp_path / "ws"
     workspace.mkdir()
     with LocalShim(workspace) as local:
@@ -409,17 +404,10 @@ def test_raw_content_larger_than_a_read_and_requests_sent_behind_it_stay_in_step
     """Raw content of several MiB comes in many reads of the shim's fixed buffer; a request
     written right behind it (in the same write), and one with empty raw content, are read as
     their own requests."""
-    import io
     import json
-    import tarfile
 
     data = os.urandom(3 << 20) + b"\n" * 1000  # newlines inside the content, past the first reads
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        info = tarfile.TarInfo("big.bin")
-        info.size = len(data)
-        archive.addfile(info, io.BytesIO(data))
-    tar = buffer.getvalue()
+    tar = one_file_tar("big.bin", data)
     workspace = tmp_path / "ws"
     workspace.mkdir()
     with LocalShim(workspace) as local:

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from helpers import local_objects, ready, tool
+from helpers import local_objects, ready, tool, workspace_host
 
 from softprobe.gym import (
     CheckpointTooLargeError,
@@ -24,27 +24,13 @@ WORKSPACE = {"environment_checkpoint": True, "subject_state_import": False,
              "deterministic_prefix_reexecution": True, "checkpoint_scope": "workspace"}
 
 
-class NoSubject:
-    def export_state(self, episode_id: str) -> None:
-        return None
-
-    def import_state(self, episode_id: str, state: object) -> None:
-        return None
-
-
-def host_of(tmp_path, seed_root, provider, **options):  # type: ignore[no-untyped-def]
-    caps = {**WORKSPACE, "subject_state_import": True}
-    return create_host_environment(run_root=tmp_path / "run", seed_root=seed_root, provider=provider,
-                                   capabilities=caps, subject=NoSubject(), **options)
-
-
 def blobs(host, episode_id: str) -> list[str]:  # type: ignore[no-untyped-def]
     folder = host.run_root / "episodes" / episode_id / "checkpoints" / "blobs"
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
 
 async def test_checkpoint_restores_the_workspace_and_dedups_blobs(tmp_path, seed_root, local_provider):
-    async with host_of(tmp_path, seed_root, local_provider, pool_size=1) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider, pool_size=1) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("fs.write", path="big.bin", content="x" * 50000))
         await host.step(episode_id="ep-1", action=tool("shell.exec", command="mkdir -p d/e && ln -s ../../big.bin d/e/l"))
@@ -78,7 +64,7 @@ async def test_checkpoint_restores_the_workspace_and_dedups_blobs(tmp_path, seed
 
 
 async def test_restore_into_a_cold_sandbox_and_the_digest_is_checked(tmp_path, seed_root, local_provider):
-    async with host_of(tmp_path, seed_root, local_provider) as host:  # no pool: started cold
+    async with workspace_host(tmp_path, seed_root, local_provider) as host:  # no pool: started cold
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="one"))
         record = await host.checkpoint(episode_id="ep-1")
@@ -95,7 +81,7 @@ async def test_restore_into_a_cold_sandbox_and_the_digest_is_checked(tmp_path, s
 
 
 async def test_a_tampered_manifest_fails_verification(tmp_path, seed_root, local_provider):
-    async with host_of(tmp_path, seed_root, local_provider) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="one"))
         record = await host.checkpoint(episode_id="ep-1")
@@ -108,7 +94,7 @@ async def test_a_tampered_manifest_fails_verification(tmp_path, seed_root, local
 
 
 async def test_budget_counts_new_blobs_only(tmp_path, seed_root, local_provider):
-    async with host_of(tmp_path, seed_root, local_provider, checkpoint_budget_bytes=32000) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider, checkpoint_budget_bytes=32000) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("fs.write", path="a.txt", content="y" * 15000))
         await host.checkpoint(episode_id="ep-1")
@@ -127,7 +113,7 @@ async def test_budget_counts_new_blobs_only(tmp_path, seed_root, local_provider)
 
 
 async def test_what_an_archive_cannot_carry_is_refused(tmp_path, seed_root, local_provider):
-    async with host_of(tmp_path, seed_root, local_provider) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("shell.exec", command="mkfifo pipe"))
         with pytest.raises(WorkspaceCheckpointError, match="pipe"):
@@ -139,7 +125,7 @@ async def test_what_an_archive_cannot_carry_is_refused(tmp_path, seed_root, loca
 
 async def test_tape_cursor_and_clock_travel_with_a_workspace_checkpoint(tmp_path, seed_root, local_provider):
     tape = tmp_path / "tape"
-    async with host_of(tmp_path, seed_root, local_provider, tape_mode="record", tape=tape, random_seed=7) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider, tape_mode="record", tape=tape, random_seed=7) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool("shell.exec", command="echo $SOFTPROBE_RANDOM_SEED > s"))
         record = await host.checkpoint(episode_id="ep-1")
@@ -167,7 +153,7 @@ async def test_a_checkpoint_comes_in_chunks_and_restores_whole(tmp_path, seed_ro
     from softprobe.gym.episodes import workspace_checkpoints
 
     monkeypatch.setattr(workspace_checkpoints, "CHUNK_BYTES", 1000)
-    async with host_of(tmp_path, seed_root, local_provider) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool(
             "shell.exec", command="head -c 5500 /dev/urandom > big.bin && : > empty && for i in 1 2 3; do echo $i > f$i; done"))
@@ -257,7 +243,7 @@ async def test_a_group_of_restores_reads_the_blobs_once(tmp_path, seed_root, loc
 
     monkeypatch.setattr(workspace_checkpoints.WorkspaceSnapshot, "read", counting_read)
     monkeypatch.setattr(Runtime, "workspace_stage", counting_stage)
-    async with host_of(tmp_path, seed_root, local_provider) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool(
             "shell.exec", command="for i in 1 2 3 4 5; do echo file-$i > f$i; done"))
@@ -280,7 +266,7 @@ async def test_a_checkpoint_records_blob_sizes_without_a_stat_per_stored_blob(tm
     one-file change costs what changed, not a stat per file of the workspace."""
     from softprobe.gym.episodes import workspace_checkpoints
 
-    async with host_of(tmp_path, seed_root, local_provider) as host:
+    async with workspace_host(tmp_path, seed_root, local_provider) as host:
         await ready(host)
         await host.step(episode_id="ep-1", action=tool(
             "shell.exec", command="for i in $(seq 1 40); do echo file-$i > f$i; done"))
