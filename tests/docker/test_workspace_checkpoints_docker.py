@@ -50,7 +50,7 @@ async def test_a_1mb_workspace_round_trips_and_dedups(tmp_path, seed_root, docke
         assert host_objects(host)[1] == set()  # no image was ever committed
     finally:
         await host.close()
-    assert host_objects(host) == ([], [])
+    assert host_objects(host) == (set(), set())
 
 
 async def test_prefix_group_of_8(tmp_path, seed_root, docker_engine):
@@ -62,7 +62,7 @@ async def test_prefix_group_of_8(tmp_path, seed_root, docker_engine):
         digest = host.trajectory(episode_id="parent")[-1].diagnostics["workspace_digest"]
         group = await host.fork_many(episode_id="parent", n=8, path="prefix_reexecution", prefix_length=1)
         assert {c.lineage.workspace_digest for c in group} == {digest}
-    assert host_objects(host) == ([], [])
+    assert host_objects(host) == (set(), set())
 
 
 def test_refused_for_a_world_with_services(tmp_path, docker_engine):
