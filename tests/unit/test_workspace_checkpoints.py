@@ -87,7 +87,8 @@ async def test_a_tampered_manifest_fails_verification(tmp_path, seed_root, local
         record = await host.checkpoint(episode_id="ep-1")
         entry = host._checkpoints._entries[record.checkpoint_id]
         entries = tuple((p, k, 0o600 if k == "file" else m, v) for p, k, m, v in entry.workspace.entries)
-        entry.workspace = type(entry.workspace)(entries, entry.workspace.store, entry.workspace.workspace_digest, 0, 0)
+        entry.workspace = type(entry.workspace)(entries, entry.workspace.store, entry.workspace.workspace_digest, 0, 0,
+                                                entry.workspace.sizes)
         with pytest.raises(ForkVerificationError, match="restored archive is not the workspace"):
             await host.fork(episode_id="ep-1", path="checkpoint_import", checkpoint_id=record.checkpoint_id)
     assert local_objects(local_provider, host) == ([], [])
@@ -305,7 +306,8 @@ def test_restore_plans_edge_cases_and_reads_blobs_split_across_requests(tmp_path
         return sha
 
     def snapshot(*entries: tuple) -> wc.WorkspaceSnapshot:  # type: ignore[type-arg]
-        return wc.WorkspaceSnapshot(tuple(entries), store, "digest", 0, 0)
+        sizes = {value: store.size(value) for _path, kind, _mode, value in entries if kind == "file"}
+        return wc.WorkspaceSnapshot(tuple(entries), store, "digest", 0, 0, sizes)
 
     assert snapshot(("d", "dir", 0o755, ""), ("l", "symlink", 0, "d"))._plan() == []
     ten, empty, long = blob(b"0123456789"), blob(b""), blob(b"abcdefghijklmnopqrstuvw")

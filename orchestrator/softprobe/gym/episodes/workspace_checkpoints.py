@@ -62,9 +62,9 @@ class WorkspaceSnapshot:
     workspace_digest: str
     blobs_added: int
     bytes_added: int
-    #: Every file blob's size when the checkpoint was taken (None: not known, the store's is
-    #: used): a blob of another size on disk is refused before any of it is sent.
-    sizes: dict[str, int] | None = field(default=None, compare=False, repr=False)
+    #: Every file blob's size when the checkpoint was taken: a blob of another size on disk is
+    #: refused before any of it is sent.
+    sizes: dict[str, int] = field(compare=False, repr=False)
     # The content of a snapshot that fits one request, while restores of it run at once (the
     # children of a fork_many): read and checked once, sent to each.
     _shared: _SharedBatch = field(default_factory=lambda: _SharedBatch(), compare=False, repr=False)
@@ -98,7 +98,7 @@ class WorkspaceSnapshot:
         room = CHUNK_BYTES
         for sha in dict.fromkeys(value for _path, kind, _mode, value in self.entries if kind == "file"):
             size, offset = self.store.size(sha), 0
-            if self.sizes is not None and self.sizes.get(sha) != size:
+            if self.sizes.get(sha) != size:
                 raise self.store.changed(sha)  # grown or shrunk on disk: not streamed, refused
             while True:
                 if room == 0:
@@ -321,7 +321,7 @@ async def take_workspace_snapshot(
         await asyncio.to_thread(staging.remove)
     files = {value for _path, kind, _mode, value in entries if kind == "file"}
     recorded = await asyncio.to_thread(lambda: {sha: store.stored_size(sha) for sha in files})
-    return WorkspaceSnapshot(entries, store, first.workspace_digest, len(sizes), content, sizes=recorded)
+    return WorkspaceSnapshot(entries, store, first.workspace_digest, len(sizes), content, recorded)
 
 
 async def _ask(
