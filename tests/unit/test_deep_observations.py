@@ -149,6 +149,8 @@ class _Replying:
     """A line channel whose shim answers every request with ``observation`` in a call reply (a
     shim that does not bound what it sends: the host's own boundary is what is tested)."""
 
+    kind = "scripted"
+
     def __init__(self, observation_json: bytes) -> None:
         self.observation_json = observation_json
         self.replies: asyncio.Queue[bytes] = asyncio.Queue()

@@ -13,6 +13,8 @@ from softprobe.gym.shim.client import ShimClient
 class ScriptedChannel:
     """A line channel whose replies are given up front (no container needed)."""
 
+    kind = "scripted"
+
     def __init__(self, *replies: bytes) -> None:
         self.replies = list(replies)
         self.sent: list[bytes] = []

@@ -17,6 +17,8 @@ from softprobe.gym.shim.protocol import (
     ApplyChangesRequest,
     ApplyChangesResult,
     CallResult,
+    ChannelRequest,
+    ChannelResult,
     CloseSessionsRequest,
     EpisodeEnvRequest,
     ExecReply,
@@ -74,7 +76,15 @@ class ShimRefusedError(SandboxError):
 
 
 class LineChannel(Protocol):
-    """A duplex byte channel carrying one message per line (the transport under the client)."""
+    """A duplex byte channel carrying one message per line (the transport under the client).
+
+    Attributes:
+        kind: what carries it, named in each step's diagnostics (``channel``): ``attach``
+            (Docker's attach relay), ``direct`` (a unix socket to the shim, local engines) or
+            ``pipe`` (a local subprocess).
+    """
+
+    kind: str
 
     async def send_line(self, line: bytes) -> None:
         """Send ``line`` and a newline, every byte as it is: a request with raw content passes
@@ -117,6 +127,11 @@ class ShimClient:
     def lost(self) -> str | None:
         """Why the connection was lost, or None while it works."""
         return self._lost
+
+    async def channel(self, nonce: str, *, timeout_s: float) -> ChannelResult:
+        """Ask the shim to connect to the host's socket, sending ``nonce`` there (see
+        ``ChannelRequest``); whether it did. Before ``hello``."""
+        return _validated(ChannelResult, await self._request(ChannelRequest(nonce=nonce), timeout_s), "channel")
 
     async def hello(self, *, timeout_s: float) -> HelloResult:
         return _validated(HelloResult, await self._request(HelloRequest(), timeout_s), "hello")

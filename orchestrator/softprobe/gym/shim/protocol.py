@@ -101,6 +101,21 @@ class CloseSessionsRequest(_Request):
     op: Literal["close_sessions"] = "close_sessions"
 
 
+class ChannelRequest(_Request):
+    """Connect to the host's socket (the direct channel, see ``agent_shim/channel.py``) and send
+    ``nonce`` there first. Sent over attach, before ``hello``; once per shim."""
+
+    op: Literal["channel"] = "channel"
+    nonce: str = Field(pattern=r"^[0-9a-f]{32}$")
+
+
+class ChannelResult(BaseModel):
+    """Whether the shim connected; ``reason`` says why not (the host then stays on attach)."""
+
+    connected: bool
+    reason: str = ""
+
+
 class OutsideZeros(BaseModel):
     """The holes of files the container changed outside the workspace: what ``docker commit``
     writes out at their full length."""
@@ -336,7 +351,7 @@ class ExecReply(BaseModel):
 
 ShimRequest = (
     HelloRequest | CallRequest | ExistsRequest | ReadTextRequest | SeedRequest | OverlayRequest | RescanRequest
-    | CloseSessionsRequest
+    | CloseSessionsRequest | ChannelRequest
     | ExportChangesRequest | ApplyChangesRequest
     | EpisodeEnvRequest | WorkspaceSnapshotRequest | WorkspaceStageRequest | WorkspaceRestoreRequest
     | ExecRequest | PutFilesRequest | VerifyRequest

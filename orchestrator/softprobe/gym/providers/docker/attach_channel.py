@@ -18,6 +18,8 @@ STDERR_TAIL_BYTES = 16 * 1024
 class AttachChannel:
     """Implements ``LineChannel`` over an asyncio stream pair bound to the attach socket."""
 
+    kind = "attach"
+
     def __init__(
         self,
         reader: asyncio.StreamReader,

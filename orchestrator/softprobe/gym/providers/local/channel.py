@@ -11,6 +11,8 @@ STDERR_TAIL_BYTES = 16 * 1024
 class PipeChannel:
     """Implements ``LineChannel`` over an asyncio subprocess started with three pipes."""
 
+    kind = "pipe"
+
     def __init__(self, process: asyncio.subprocess.Process, *, max_line_bytes: int) -> None:
         assert process.stdin is not None and process.stdout is not None and process.stderr is not None
         self._process = process

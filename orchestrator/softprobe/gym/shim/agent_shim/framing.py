@@ -9,8 +9,14 @@ from .common import ShimBroken
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from io import FileIO
-    from typing import NoReturn
+    from typing import Any, NoReturn, Protocol
+
+    class RawStream(Protocol):
+        """What the framing reads and writes: stdin/stdout's raw files, or the host's socket."""
+
+        def readinto(self, buffer: Any, /) -> int | None: ...
+
+        def write(self, data: Any, /) -> int | None: ...
 
 
 def _readable(value: object) -> object:
@@ -43,7 +49,7 @@ _REQUEST_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
 _RESPONSE_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _write_all(raw: FileIO, data: bytes) -> None:
+def _write_all(raw: RawStream, data: bytes) -> None:
     """Write every byte: a raw write may take only part of it (gVisor's pipes do, past 64 KiB)."""
     view = memoryview(data)
     while view:
@@ -54,7 +60,7 @@ def _write_all(raw: FileIO, data: bytes) -> None:
 class _LineReader:
     """Line reader over a raw fd (readline on an unbuffered file reads byte by byte)."""
 
-    def __init__(self, raw: FileIO) -> None:
+    def __init__(self, raw: RawStream) -> None:
         self.raw = raw
         self.buffer = bytearray()
         self.scanned = 0  # bytes of buffer known to hold no newline: long lines stay linear

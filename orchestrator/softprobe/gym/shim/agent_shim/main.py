@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 
+from .channel import connect, follow, guard_folder
 from .common import (
     DEFAULT_MANIFEST,
     DEFAULT_MAX_CHANGED_PATHS,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .common import Ids
+    from .framing import RawStream
 
 
 def main(argv: list[str]) -> int:
@@ -69,11 +71,13 @@ def main(argv: list[str]) -> int:
         )
     # Tools must not inherit the protocol streams.
     stdin = os.fdopen(os.dup(0), "rb", buffering=0)
-    stdout = os.fdopen(os.dup(1), "wb", buffering=0)
+    stdout: RawStream = os.fdopen(os.dup(1), "wb", buffering=0)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     hardened = harden()
+    # Before any tool runs: only root may reach the host's socket (see channel.py).
+    channel_problem = "local mode" if local else guard_folder()
     # A tool running as root (user="0") could otherwise interrupt the shim with SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     agent = _ids(numbers, "agent")
@@ -105,6 +109,7 @@ def main(argv: list[str]) -> int:
     shim = Shim(workspace, manifest, digest_mode, identity, limits, local=local, home=home, overlay=overlay)
     shim.hardened = hardened
     reader = _LineReader(stdin)
+    direct = None  # the host's socket, once connected, until the host's next request shows its choice
     while True:
         line = reader.readline()
         if line is None:
@@ -117,18 +122,24 @@ def main(argv: list[str]) -> int:
             if not isinstance(request, dict):
                 raise ProtocolError("a request must be a JSON object")
             request_id = request.get("id")
-            raw = b""
-            if "raw" in request:
-                size = request["raw"]
-                if not _is_count(size) or size > MAX_RAW_BYTES:
-                    # The stream cannot be followed past content of an unknown length.
-                    raise ShimBroken("a request announced raw content of %r bytes" % (size,))
-                content = reader.read_exact(size)
-                if content is None:
-                    shim.sessions.close_all()
-                    return 0
-                raw = content
-            response = {"id": request_id, "ok": True, "result": shim.handle(request, raw)}
+            if request.get("op") == "channel":  # answered here: it changes the streams
+                direct, reason = connect(request.get("nonce"), channel_problem)
+                channel_problem = "the channel was asked for before"  # one attempt per shim
+                result: Any = {"connected": True} if direct is not None else {"connected": False, "reason": reason}
+            else:
+                raw = b""
+                if "raw" in request:
+                    size = request["raw"]
+                    if not _is_count(size) or size > MAX_RAW_BYTES:
+                        # The stream cannot be followed past content of an unknown length.
+                        raise ShimBroken("a request announced raw content of %r bytes" % (size,))
+                    content = reader.read_exact(size)
+                    if content is None:
+                        shim.sessions.close_all()
+                        return 0
+                    raw = content
+                result = shim.handle(request, raw)
+            response = {"id": request_id, "ok": True, "result": result}
         except ShimBroken as err:
             sys.stderr.write("softprobe shim: giving up: %s\n" % err)
             return 70  # the container ends; the host reports the episode as broken
@@ -152,6 +163,11 @@ def main(argv: list[str]) -> int:
         except UnicodeEncodeError:  # a lone surrogate somewhere: send it as readable text
             encoded = json.dumps(_readable(response), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         _write_all(stdout, encoded + b"\n")
+        if direct is not None:
+            stream = follow(direct, stdin, bool(reader.buffer))
+            if stream is not None:
+                reader, stdout = _LineReader(stream), stream
+            direct = None
 
 
 _NUMERIC_OPTIONS = (
