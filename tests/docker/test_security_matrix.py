@@ -26,6 +26,7 @@ from helpers import SUPPORT_DESK, owned_by_process, processes, ready, this_proce
 
 from softprobe.gym import EpisodeBrokenError, create_host_environment
 from softprobe.gym import labels as L
+from softprobe.gym.providers.docker.direct_channel import CONTAINER_SOCKET, FOLDER_PREFIX
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("episode_runtime")]  # row 40: runc and runsc
 
@@ -239,7 +240,7 @@ async def test_row_10_episodes_cannot_reach_each_other(host, episode_runtime):
         assert container_of(episode_id).attrs["HostConfig"]["NetworkMode"] == "none"
 
 
-async def test_row_11_no_host_secrets_inside(host, monkeypatch):
+async def test_row_11_no_host_secrets_inside(host, monkeypatch, episode_runtime):
     monkeypatch.setenv("SOFTPROBE_HOST_SECRET", "hunter2")
     episode_id = await ready(host)
     env = await host.step(episode_id=episode_id, action=shell("cat /proc/1/environ /proc/self/environ | tr '\\0' '\\n'"))
@@ -247,7 +248,11 @@ async def test_row_11_no_host_secrets_inside(host, monkeypatch):
     sock = await host.step(episode_id=episode_id, action=shell("ls /var/run/docker.sock /run/docker.sock"))
     assert sock.error is not None
     mounts = container_of(episode_id).attrs["Mounts"]
-    assert mounts == [], mounts  # no bind mounts or volumes (Docker's own /etc/hosts etc. aside)
+    # No volumes and no host files (Docker's own /etc/hosts etc. aside): under runc one socket
+    # file only, read-only, the direct channel's (SECURITY.md rows 96-99), from a folder of ours.
+    assert all(m["Type"] == "bind" and m["Destination"] == CONTAINER_SOCKET and not m["RW"]
+               and os.path.basename(os.path.dirname(m["Source"])).startswith(FOLDER_PREFIX) for m in mounts), mounts
+    assert len(mounts) == (0 if episode_runtime == "runsc" else 1), mounts
 
 
 async def test_row_12_path_traversal_in_file_tools(host):

@@ -21,6 +21,8 @@ AGENT_UID = "softprobe.gym.agent-uid"  # the kernel uid the episode's tools run 
 SHIM_SHA256 = "softprobe.gym.shim-sha256"
 BUILD_HASH = "softprobe.gym.build-hash"
 IMAGE_NAME = "softprobe.gym.image"
+#: The host folder of a container's direct-channel socket, removed with the container.
+CHANNEL_FOLDER = "softprobe.gym.channel-folder"
 
 
 class OwnerStatus(str, Enum):

@@ -65,6 +65,12 @@ class Runtime:
         self._client = client
         self._removed = False
 
+    @property
+    def channel(self) -> str:
+        """What carries the shim's requests now (``attach``, ``direct``, ``pipe``: see
+        :class:`~softprobe.gym.shim.client.LineChannel`)."""
+        return self.sandbox.channel.kind
+
     @classmethod
     async def start(cls, provider: Provider, spec: SandboxSpec) -> Runtime:
         """Start a sandbox of ``spec`` on ``provider`` and bring its shim up.
@@ -478,6 +484,7 @@ class RuntimeCall:
         except SandboxLostError as err:
             raise await request.on_lost(err) from err
         request.span.shim_timings(call.diagnostics, time.time_ns())
+        call.diagnostics["channel"] = self.runtime.channel
         return call
 
 

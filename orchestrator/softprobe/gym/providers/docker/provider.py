@@ -8,6 +8,7 @@ or, when small, through the shim after its handshake. Each episode gets uids of 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import tarfile
 import tempfile
@@ -34,6 +35,13 @@ from softprobe.gym.providers.archive import build_seed_archive
 from softprobe.gym.providers.base import WORKSPACE, LiveRestore, Provider, Sandbox, SandboxSpec, SweepReport
 from softprobe.gym.providers.docker import live
 from softprobe.gym.providers.docker.attach_channel import AttachChannel
+from softprobe.gym.providers.docker.direct_channel import (
+    ChannelListener,
+    channel_enabled,
+    direct_channel_problem,
+    remove_folder,
+    upgrade,
+)
 from softprobe.gym.providers.docker.engine import DockerEngine
 from softprobe.gym.providers.docker.errors import ENGINE_ERRORS, translate
 from softprobe.gym.providers.docker.retry import control_plane
@@ -49,6 +57,7 @@ from softprobe.gym.providers.docker.world import (
 )
 from softprobe.gym.settings import ContainerSettings, parse_size
 from softprobe.gym.shim import SHIM_ARTEFACT, SHIM_SHA256, shim_source
+from softprobe.gym.shim.client import LineChannel
 from softprobe.gym.worlds import World
 
 #: Where a container has the shim: its artefact (a zip application, see softprobe.gym.shim).
@@ -58,7 +67,10 @@ FLATTEN_AT_LAYERS = 100
 #: Seeds up to this size are sent through the shim; larger ones by archive before start.
 SEED_BY_SHIM_MAX = 8 * 1024 * 1024
 NOBODY = 65534
+#: The longest line either channel takes from a shim (a reply with a large observation).
+MAX_LINE_BYTES = 256 * 1024 * 1024
 _SHIM_SOURCE = shim_source()
+log = logging.getLogger("softprobe.gym.docker")
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,10 @@ class DockerProvider(Provider):
         egress_network: the network through which the egress proxy of a world under network
             mode ``egress`` reaches the allowed destinations (default ``bridge``: the outside).
         service_start_timeout_s: how long a world's services may take to become healthy.
+        direct_channel: reach each shim over a unix socket of the host's own instead of
+            Docker's attach relay, where the engine is local Linux and the runtime is not gVisor
+            (see ``direct_channel.py``); ``None``: on unless ``SOFTPROBE_GYM_CHANNEL=attach``.
+            Each step's diagnostics name the channel it took (``channel``).
     """
 
     name = "docker"
@@ -95,6 +111,7 @@ class DockerProvider(Provider):
         flatten_at_layers: int = FLATTEN_AT_LAYERS,
         egress_network: str = "bridge",
         service_start_timeout_s: float = 120.0,
+        direct_channel: bool | None = None,
     ) -> None:
         self.engine = DockerEngine(docker_host=docker_host, max_workers=max_workers)
         self.worlds = WorldBuilder(self.engine, egress_network)
@@ -103,6 +120,9 @@ class DockerProvider(Provider):
         self._image_info: dict[str, _ImageInfo] = {}
         self._uids = UidAllocator()
         self._seed_archives: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+        self.direct_channel = channel_enabled() if direct_channel is None else direct_channel
+        self._engine_info: dict[str, Any] | None = None
+        self._told: set[str] = set()  # why attach was used, logged once each
 
     @property
     def client(self) -> docker.DockerClient:
@@ -215,36 +235,69 @@ class DockerProvider(Provider):
         restore = spec.live
         ids = EpisodeIds(*restore.agent_ids) if restore is not None else self._uids.allocate(spec.settings, info)
         release: Callable[[EpisodeIds], None] = self._uids.release if restore is None else _keep
+        listener = await self._channel_listener(spec)
         try:
-            container_id = await self.engine.run(self._create, spec, info, ids, world)
+            container_id = await self.engine.run(self._create, spec, info, ids, world, listener)
         except BaseException:
             release(ids)
+            if listener is not None:
+                listener.close()
+                remove_folder(listener.folder)
             raise
         try:
             if archive is not None:
                 await self.engine.run(self._put_archive, container_id, archive)
             if restore is not None:  # the shim's process and memory from the live checkpoint
                 await self.engine.run(self._place_live, container_id, restore)
-                channel = await attach_restored(self.engine, container_id, restore.name)
+                channel: LineChannel = await attach_restored(self.engine, container_id, restore.name)
             else:
                 attach = await self.engine.run(self._attach, container_id)
                 try:
-                    channel = await AttachChannel.open(attach, max_line_bytes=256 * 1024 * 1024)
+                    channel = await AttachChannel.open(attach, max_line_bytes=MAX_LINE_BYTES)
                     await self.engine.run(self._start, container_id)
                 except BaseException:
                     getattr(attach, "close", lambda: None)()
                     raise
+                if listener is not None:
+                    channel = await upgrade(channel, listener, max_line_bytes=MAX_LINE_BYTES)
         except BaseException:
             # Nothing of a sandbox that did not start may stay: its container, its uids.
             try:
                 await asyncio.shield(self.engine.run(self.engine.remove_container, container_id))
+                if listener is not None:
+                    remove_folder(listener.folder)
             finally:
                 release(ids)
             raise
+        finally:
+            if listener is not None:
+                listener.close()
         sandbox = DockerSandbox(self.engine, container_id, info.image_id, channel, info.user, ids, release,
-                                pending_seed=shim_seed, world=world, builder=self.worlds)
+                                pending_seed=shim_seed, world=world, builder=self.worlds,
+                                channel_folder=listener.folder if listener is not None else None)
         sandbox.restored = restore is not None
         return sandbox
+
+    async def _channel_listener(self, spec: SandboxSpec) -> ChannelListener | None:
+        """A listener for the shim's direct channel, or None where attach must carry it."""
+        if not self.direct_channel:
+            return None
+        if self._engine_info is None:
+            try:
+                self._engine_info = await self.engine.run(control_plane(self.client.info))
+            except ENGINE_ERRORS as err:
+                raise translate(err, "info") from err
+        problem = direct_channel_problem(enabled=True, info=self._engine_info or {}, settings=spec.settings,
+                                         docker_host=self.engine.docker_host, live_restore=spec.live is not None)
+        if problem is None:
+            try:
+                return ChannelListener()
+            except OSError as err:
+                problem = f"no socket for the direct channel: {err}"
+        if problem not in self._told:
+            self._told.add(problem)
+            log.info("the shims of this provider stay on attach: %s", problem)
+        return None
 
     def _image_info_for(self, image: str, user: str | None) -> _ImageInfo:
         try:
@@ -353,10 +406,13 @@ class DockerProvider(Provider):
         return self._seed_archives[key]
 
     @control_plane
-    def _create(self, spec: SandboxSpec, info: _ImageInfo, ids: EpisodeIds, world: WorldContainers | None) -> str:
+    def _create(self, spec: SandboxSpec, info: _ImageInfo, ids: EpisodeIds, world: WorldContainers | None,
+                listener: ChannelListener | None) -> str:
         settings = spec.settings
         api = self.client.api
         kwargs = host_config_kwargs(settings)
+        if listener is not None:
+            kwargs["mounts"] = [listener.mount()]
         environment = dict(settings.environment)
         networking = None
         if world is not None:
@@ -385,7 +441,8 @@ class DockerProvider(Provider):
             stdin_open=True,
             tty=False,
             environment=environment,
-            labels={**spec.labels, L.AGENT_UID: str(ids.agent_uid)},
+            labels={**spec.labels, L.AGENT_UID: str(ids.agent_uid),
+                    **({L.CHANNEL_FOLDER: listener.folder} if listener is not None else {})},
             network_disabled=settings.network == "none" and world is None,
             host_config=host_config,
             networking_config=networking,
@@ -463,17 +520,24 @@ class DockerProvider(Provider):
     # -- cleanup -------------------------------------------------------------------------------
 
     async def remove_labelled(self, labels: dict[str, str]) -> list[str]:
-        ids = await self.engine.run(self._list_containers, labels)
-        await asyncio.gather(*(self.engine.run(self.engine.remove_container, cid) for cid in ids))
+        listed = await self.engine.run(self._list_containers, labels)
+        await asyncio.gather(*(self.engine.run(self._remove_container, c) for c in listed))
+        ids = [c["Id"] for c in listed]
         # A world's network goes once its members have.
         for network in await self.engine.run(self.worlds.list_networks, labels):
             await self.engine.run(self.worlds.remove_network, network["Id"])
         return ids
 
     @control_plane
-    def _list_containers(self, labels: dict[str, str]) -> list[str]:
+    def _list_containers(self, labels: dict[str, str]) -> list[dict[str, Any]]:
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-        return [c["Id"] for c in self.client.api.containers(all=True, filters=filters)]
+        listed: list[dict[str, Any]] = self.client.api.containers(all=True, filters=filters)
+        return listed
+
+    def _remove_container(self, container: dict[str, Any]) -> None:
+        """Remove a listed container, and its channel folder on this host (blocking)."""
+        self.engine.remove_container(container["Id"])
+        remove_folder((container.get("Labels") or {}).get(L.CHANNEL_FOLDER))
 
     async def remove_image(self, image_id: str) -> bool:
         return await self.engine.run(self._remove_image, image_id)
@@ -515,7 +579,7 @@ class DockerProvider(Provider):
             if self._doomed(container.get("Labels") or {}, everything, report):
                 report.removed_containers.append(container["Id"])
                 if not dry_run:
-                    self.engine.remove_container(container["Id"])
+                    self._remove_container(container)
         images = control_plane(api.images)(filters={"label": [L.CHECKPOINT, *only]})
         doomed = [i for i in images if self._doomed(i.get("Labels") or {}, everything, report)]
         report.removed_images.extend(i["Id"] for i in doomed)

@@ -26,6 +26,7 @@ from softprobe.gym.providers.archive import safe_extract
 from softprobe.gym.providers.base import MAX_CHANGED_OUTSIDE, WORKSPACE, LiveRestore, Sandbox
 from softprobe.gym.providers.docker import live
 from softprobe.gym.providers.docker.attach_channel import AttachChannel
+from softprobe.gym.providers.docker.direct_channel import remove_folder
 from softprobe.gym.providers.docker.engine import DockerEngine
 from softprobe.gym.providers.docker.retry import control_plane
 from softprobe.gym.providers.docker.snapshots import snapshot_container
@@ -46,15 +47,16 @@ WHY_LOST_TIMEOUT_S = 10.0
 
 
 class DockerSandbox(Sandbox):
-    """A running episode container whose main process is the shim, attached over ``channel``.
+    """A running episode container whose main process is the shim, reached over ``channel``.
 
     Args:
         engine: the engine it runs on.
         container_id / image_id: the container and the image it was created from.
-        channel: the attached stdin/stdout of the shim.
+        channel: the shim's stdin/stdout over attach, or its direct socket (``direct_channel.py``).
         user: the image user tools run as (kept in a flattened checkpoint's configuration).
         ids: the uids allocated to the episode; ``release(ids)`` is called once it is removed.
         pending_seed: seed files the shim extracts after its handshake, or None.
+        channel_folder: the host folder of the container's socket, removed with it (or None).
         world: the world's other containers and network, removed and committed with it.
         builder: what manages ``world``.
     """
@@ -71,6 +73,7 @@ class DockerSandbox(Sandbox):
         pending_seed: bytes | None = None,
         world: WorldContainers | None = None,
         builder: WorldBuilder | None = None,
+        channel_folder: str | None = None,
     ) -> None:
         self._engine = engine
         self.sandbox_id = container_id
@@ -83,6 +86,7 @@ class DockerSandbox(Sandbox):
         self._removed = False
         self.world = world
         self._builder = builder
+        self._channel_folder = channel_folder
         #: Started from a live checkpoint once already (a restored child, or a parent that went
         #: on in place): containerd 1.6 refuses to restore such a container in place again.
         self.restored = False
@@ -293,6 +297,7 @@ class DockerSandbox(Sandbox):
         self.channel.close()
         try:
             await asyncio.shield(self._engine.run(self._engine.remove_container, self.sandbox_id))
+            await asyncio.shield(self._engine.run(remove_folder, self._channel_folder))
         finally:
             try:
                 if self.world is not None and self._builder is not None:
