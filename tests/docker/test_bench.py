@@ -32,16 +32,26 @@ def test_quick_bench_reports_every_row_as_json_and_leaves_nothing(docker_engine)
 
 
 def test_runtimes_side_by_side_share_one_table():
-    from softprobe.gym.cli.bench import BenchReport, BenchRow, RuntimeComparison, format_comparison
+    from softprobe.gym.cli.bench import BenchReport, BenchRow, Comparison, format_comparison
 
     def report(fs_read: float) -> BenchReport:
         row = BenchRow(name="step fs.read (200 B file)", unit="ms", ours_p50=fs_read, samples=1)
         return BenchReport(image="img", quick=True, rows=[row])
 
-    table = format_comparison(RuntimeComparison(image="img", quick=True, reports={"runc": report(0.5), "runsc": report(1.25)}))
+    table = format_comparison(Comparison(image="img", quick=True, reports={"runc": report(0.5), "runsc": report(1.25)}))
     header, line = table.splitlines()[1], table.splitlines()[3]
     assert header.split()[-2:] == ["runc", "runsc"]
     assert line.split()[-2:] == ["0.500", "1.250"]
+
+
+def test_channels_side_by_side_say_so():
+    from softprobe.gym.cli.bench import BenchReport, BenchRow, Comparison, format_comparison
+
+    rows = {name: BenchReport(image="img", quick=True, rows=[BenchRow(name="step", unit="ms", ours_p50=p50, samples=1)])
+            for name, p50 in (("attach", 0.5), ("direct", 0.3))}
+    table = format_comparison(Comparison(image="img", quick=True, compared="channels", reports=rows)).splitlines()
+    assert table[0] == "softprobe-gym bench on img, channels side by side"
+    assert table[1].split()[-2:] == ["attach", "direct"] and table[3].split()[-2:] == ["0.500", "0.300"]
 
 
 def test_compare_runtimes_refuses_a_runtime_the_engine_lacks(docker_engine):

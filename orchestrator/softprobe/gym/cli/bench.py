@@ -32,9 +32,9 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from pydantic import BaseModel
 
@@ -44,6 +44,7 @@ from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.episodes.host import HostEnvironment
 from softprobe.gym.providers.archive import build_seed_archive
 from softprobe.gym.providers.docker.baseline import DockerBaseline
+from softprobe.gym.providers.docker.direct_channel import CHANNEL_ENV
 from softprobe.gym.providers.docker.images import images_dir
 from softprobe.gym.providers.docker.provider import DockerProvider
 from softprobe.gym.runtime import Runtime
@@ -549,18 +550,24 @@ def format_report(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
-class RuntimeComparison(BaseModel):
-    """``bench --compare-runtimes``: one report per OCI runtime, measured in turn in one run."""
+class Comparison(BaseModel):
+    """``bench --compare-runtimes`` or ``--compare-channels``: one report per OCI runtime, or per
+    channel to the shim (attach, direct), measured in turn in one run."""
 
     image: str
     quick: bool
+    compared: Literal["runtimes", "channels"] = "runtimes"
     reports: dict[str, BenchReport]
 
 
-def format_comparison(comparison: RuntimeComparison) -> str:
+#: ``bench --compare-channels``: each channel by the ``SOFTPROBE_GYM_CHANNEL`` value that picks it.
+CHANNELS = {"attach": "attach", "direct": "direct"}
+
+
+def format_comparison(comparison: Comparison) -> str:
     names = list(comparison.reports)
     header = f"{'measurement (p50)':52} {'unit':8}" + "".join(f" {name:>22}" for name in names)
-    lines = [f"softprobe-gym bench on {comparison.image}, runtimes side by side"]
+    lines = [f"softprobe-gym bench on {comparison.image}, {comparison.compared} side by side"]
     lines += _cpu_comparison(comparison)
     if not comparison.reports[names[0]].rows:
         return "\n".join(lines)
@@ -575,9 +582,9 @@ def format_comparison(comparison: RuntimeComparison) -> str:
     return "\n".join(lines)
 
 
-def _cpu_comparison(comparison: RuntimeComparison) -> list[str]:
-    """CPU per step (total us) and wall ms per step of each CPU row under each runtime, and each
-    runtime's over the first's."""
+def _cpu_comparison(comparison: Comparison) -> list[str]:
+    """CPU per step (total us) and wall ms per step of each CPU row under each runtime (or
+    channel), and each one's over the first's."""
     names = list(comparison.reports)
     first = comparison.reports[names[0]].cpu
     if not first:
@@ -602,44 +609,56 @@ def _cpu_comparison(comparison: RuntimeComparison) -> list[str]:
 
 
 def main_bench(*, image: str, quick: bool, as_json: bool, runtimes: list[str] | None = None,
-               cpu_only: bool = False) -> int:
-    """Run the bench (under each of ``runtimes`` in turn, if given; only the CPU-per-step rows
-    with ``cpu_only``) and print the report.
+               cpu_only: bool = False, compare_channels: bool = False) -> int:
+    """Run the bench (under each of ``runtimes`` in turn, or over each channel to the shim with
+    ``compare_channels``; only the CPU-per-step rows with ``cpu_only``) and print the report.
 
     Raises:
         ConfigurationError: a runtime the engine does not have.
     """
-    import os
     import sys
 
     def log(stage: str) -> None:
         print(f"bench: {stage} ...", file=sys.stderr)
 
-    if not runtimes:
+    if not runtimes and not compare_channels:
         report = asyncio.run(run_bench(image=image, quick=quick, cpu_only=cpu_only, log=log))
         print(report.model_dump_json(indent=2) if as_json else format_report(report))
         return 0
-    provider = DockerProvider()
-    try:
-        for runtime in runtimes:  # refuse an unknown runtime before measuring anything
-            provider.check_settings(ContainerSettings(runtime=runtime))
-    finally:
-        provider.discard()
+    if compare_channels:
+        variants = {name: (CHANNEL_ENV, value) for name, value in CHANNELS.items()}
+    else:
+        assert runtimes is not None
+        provider = DockerProvider()
+        try:
+            for runtime in runtimes:  # refuse an unknown runtime before measuring anything
+                provider.check_settings(ContainerSettings(runtime=runtime))
+        finally:
+            provider.discard()
+        variants = {runtime: (RUNTIME_ENV, runtime) for runtime in runtimes}
     reports = {}
-    saved = os.environ.get(RUNTIME_ENV)
-    try:
-        for runtime in runtimes:
-            os.environ[RUNTIME_ENV] = runtime  # every host the bench makes defaults to it
-            reports[runtime] = asyncio.run(run_bench(image=image, quick=quick, cpu_only=cpu_only,
-                                                     log=_prefixed(log, f"{runtime}: ")))
-    finally:
-        if saved is None:
-            os.environ.pop(RUNTIME_ENV, None)
-        else:
-            os.environ[RUNTIME_ENV] = saved
-    comparison = RuntimeComparison(image=image, quick=quick, reports=reports)
+    for name, (variable, value) in variants.items():
+        with _environment(variable, value):  # every host the bench makes defaults to it
+            reports[name] = asyncio.run(run_bench(image=image, quick=quick, cpu_only=cpu_only,
+                                                  log=_prefixed(log, f"{name}: ")))
+    comparison = Comparison(image=image, quick=quick, reports=reports,
+                            compared="channels" if compare_channels else "runtimes")
     print(comparison.model_dump_json(indent=2) if as_json else format_comparison(comparison))
     return 0
+
+
+@contextlib.contextmanager
+def _environment(variable: str, value: str) -> Iterator[None]:
+    """``variable`` set to ``value`` meanwhile, then as it was."""
+    saved = os.environ.get(variable)
+    os.environ[variable] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = saved
 
 
 async def _fast_forks(image: str, tmp: Path, n: _Sizes) -> list[BenchRow]:

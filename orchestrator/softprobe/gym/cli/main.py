@@ -123,11 +123,17 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--cpu", action="store_true",
                        help="only the CPU-per-step rows (each process on the path, at 1 and 8 episodes, next to "
                        "the bare floors; they lead every full run too)")
-    bench.add_argument(
+    compare = bench.add_mutually_exclusive_group()
+    compare.add_argument(
         "--compare-runtimes",
         metavar="A,B",
         help="measure under each of these OCI runtimes in turn (e.g. runc,runsc) and print them "
         "side by side; each row's raw Docker baseline runs under the same runtime",
+    )
+    compare.add_argument(
+        "--compare-channels", action="store_true",
+        help="measure with the host speaking to each shim over Docker's attach relay, then over the "
+        "direct unix socket (local Linux engines, not gVisor), and print them side by side",
     )
     _add_runtime(bench)
     bench.set_defaults(run=_run_bench)
@@ -396,7 +402,8 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     ensure_image(args.image)
     runtimes = [r.strip() for r in args.compare_runtimes.split(",") if r.strip()] if args.compare_runtimes else None
-    return main_bench(image=args.image, quick=args.quick, as_json=args.json, runtimes=runtimes, cpu_only=args.cpu)
+    return main_bench(image=args.image, quick=args.quick, as_json=args.json, runtimes=runtimes, cpu_only=args.cpu,
+                      compare_channels=args.compare_channels)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
