@@ -1,5 +1,5 @@
-"""A small environment bundle written into a folder, and a fake image resolver, for the bundle
-unit tests (pure logic: no engine)."""
+"""Bundle folders for the tests: :func:`write_bundle_folder` writes any bundle, :func:`write_bundle`
+a small one (the bundle unit tests' world, pure logic: no engine, with a fake image resolver)."""
 
 from __future__ import annotations
 
@@ -48,18 +48,29 @@ def fake_resolver(images: dict[str, str] | None = None):  # type: ignore[no-unty
     return table.get
 
 
-def write_bundle(folder: Path, manifest: str = BUNDLE_YAML, *, extra: dict[str, str] | None = None) -> Path:
-    """The tiny bundle in ``folder``: ``bundle.yaml`` (``manifest``), a seed and an overlay."""
-    (folder / "seed" / "docs").mkdir(parents=True)
-    (folder / "seed" / "README.md").write_text("Support desk: refunds go in refund-note.md.\n")
-    (folder / "seed" / "docs" / "policy.md").write_text("Refund within 30 days.\n")
-    (folder / "tools").mkdir()
-    tool = folder / "tools" / "billing_tool.py"
-    tool.write_text("import sys, json\nprint(json.dumps({'ok': True}))\n")
-    tool.chmod(0o755)
-    (folder / "bundle.yaml").write_text(textwrap.dedent(manifest))
-    for name, text in (extra or {}).items():
+def write_bundle_folder(folder: Path, manifest: str, files: dict[str, str] | None = None) -> Path:
+    """A bundle folder (made with its parents if missing): ``bundle.yaml`` holding ``manifest``,
+    then each of ``files`` (a path relative to the folder: its text), its folders made as needed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "bundle.yaml").write_text(manifest)
+    for name, text in (files or {}).items():
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    return folder
+
+
+#: The tiny bundle's files besides its ``bundle.yaml``: a seed and an overlay tool.
+TINY_FILES = {
+    "seed/README.md": "Support desk: refunds go in refund-note.md.\n",
+    "seed/docs/policy.md": "Refund within 30 days.\n",
+    "tools/billing_tool.py": "import sys, json\nprint(json.dumps({'ok': True}))\n",
+}
+
+
+def write_bundle(folder: Path, manifest: str = BUNDLE_YAML, *, extra: dict[str, str] | None = None) -> Path:
+    """The tiny bundle in ``folder``: ``bundle.yaml`` (``manifest``), a seed and an overlay
+    (``extra``: more files, or other text for these)."""
+    write_bundle_folder(folder, textwrap.dedent(manifest), {**TINY_FILES, **(extra or {})})
+    (folder / "tools" / "billing_tool.py").chmod(0o755)
     return folder

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bundle_fixtures import write_bundle_folder
 from helpers import tool
 
 from softprobe.gym import create_host_environment
@@ -86,11 +87,8 @@ WRONG = [tool("shell.exec", command="echo 41 > answer.txt"), *GRADES]
 
 def write_grading_bundle(folder: Path, *, image: str, python: str) -> Path:
     """The grading world as a bundle folder."""
-    (folder / "tools").mkdir(parents=True)
-    (folder / "tools" / "grade.py").write_text(GRADE)
-    (folder / "tools" / "grader_mcp.py").write_text(GRADER_MCP)
-    (folder / "bundle.yaml").write_text(BUNDLE.format(image=image, python=json.dumps(python)))
-    return folder
+    return write_bundle_folder(folder, BUNDLE.format(image=image, python=json.dumps(python)),
+                               {"tools/grade.py": GRADE, "tools/grader_mcp.py": GRADER_MCP})
 
 
 #: The ids of the hosts :func:`run` made (a Docker test checks each left nothing behind).

@@ -16,6 +16,7 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
+from bundle_fixtures import write_bundle_folder
 
 from softprobe.gym import labels as L
 from softprobe.gym.bundles import load_bundle, resolve_bundle
@@ -40,22 +41,19 @@ def library_digest(folder: Path) -> str:
 
 
 def write_tiny(folder: Path, name: str, *, compose: bool, image: str | None = None) -> Path:
-    (folder / "seed").mkdir(parents=True)
-    (folder / "seed" / "README.md").write_text("Support desk: refunds go in refund-note.md.\n")
+    files = {"seed/README.md": "Support desk: refunds go in refund-note.md.\n"}
     lines = ["schema: softprobe.environment-bundle/v1", f"name: {name}", "image: softprobe/support-desk:latest",
              "seed: seed", "episode: {max_steps: 5}", "assertions: [{type: contains, value: A-42}]",
              "demo:", "  - {type: tool, name: crm.get_account, args: {id: A-42}}",
              "  - {type: terminate, output: A-42 looked up}"]
     if compose:
         lines.append("compose: compose.yaml")
-        (folder / "svc").mkdir()
-        (folder / "svc" / "Dockerfile").write_text(f"FROM softprobe/base:latest\nENV BUNDLE_TEST_MARKER={name}\n")
-        (folder / "compose.yaml").write_text(
+        files["svc/Dockerfile"] = f"FROM softprobe/base:latest\nENV BUNDLE_TEST_MARKER={name}\n"
+        files["compose.yaml"] = (
             "services:\n  svc:\n    build: ./svc\n    command: python3 -m http.server 8080\n"
             "    healthcheck: {test: [CMD, 'true'], interval: 200ms}\n" + (f"    image: {image}\n" if image else "")
         )
-    (folder / "bundle.yaml").write_text("\n".join(lines) + "\n")
-    return folder
+    return write_bundle_folder(folder, "\n".join(lines) + "\n", files)
 
 
 @pytest.mark.docker

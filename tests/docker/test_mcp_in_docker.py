@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from bundle_fixtures import write_bundle_folder
 from helpers import processes, ready, tool
 
 from softprobe.gym import create_host_environment
@@ -47,10 +48,7 @@ for line in sys.stdin:
 
 @pytest.fixture
 def bundle(tmp_path: Path) -> Path:
-    folder = tmp_path / "mcp-bundle"
-    (folder / "tools").mkdir(parents=True)
-    (folder / "tools" / "whoami.py").write_text(WHOAMI)
-    (folder / "bundle.yaml").write_text(f"""\
+    return write_bundle_folder(tmp_path / "mcp-bundle", f"""\
 schema: softprobe.environment-bundle/v1
 name: mcp-in
 image: {MCP_EXAMPLE_IMAGE}
@@ -61,8 +59,7 @@ overlay:
       command: [python3, "${{SOFTPROBE_OVERLAY}}/whoami.py"]
       env: {{GREETING: hello}}
       startup_timeout_s: 20
-""")
-    return folder
+""", {"tools/whoami.py": WHOAMI})
 
 
 async def test_image_and_bundle_servers_run_as_the_tool_uid_and_leave_nothing(tmp_path, bundle):

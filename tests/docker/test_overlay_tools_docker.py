@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from bundle_fixtures import write_bundle_folder
 from helpers import ALL_CAPS, BASE, NullSubject, host_containers, tool
 
 from softprobe.gym import HostEnvironment, create_host_environment
@@ -189,10 +190,9 @@ async def test_a_private_overlay_file_is_readable_by_its_tool_never_by_the_agent
     vendor = {"name": "vendor.call", "command": ["python3", "${SOFTPROBE_OVERLAY}/vendor.py"], "output": "json"}
     if source == "bundle":
         folder = tmp_path / "bundle"
-        folder.mkdir()
         shutil.copytree(files, folder / "tools")  # copytree keeps the 0600
-        (folder / "bundle.yaml").write_text(
-            "schema: softprobe.environment-bundle/v1\nname: private-key\nimage: softprobe/base:latest\n"
+        write_bundle_folder(
+            folder, "schema: softprobe.environment-bundle/v1\nname: private-key\nimage: softprobe/base:latest\n"
             "overlay:\n  files: tools\n  tools:\n    - {name: vendor.call, command: [python3, "
             "'${SOFTPROBE_OVERLAY}/vendor.py'], output: json}\n")
         host = create_host_environment(run_root=tmp_path / "run", bundle=folder)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bundle_fixtures import write_bundle_folder
+
 
 def run_cli(*args: str, store: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **({"SOFTPROBE_GYM_BUNDLE_STORE": str(store)} if store is not None else {})}
@@ -16,9 +18,8 @@ def run_cli(*args: str, store: Path | None = None) -> subprocess.CompletedProces
 
 
 def test_a_malformed_bundle_fails_with_its_line(tmp_path: Path) -> None:
-    folder = tmp_path / "bad"
-    folder.mkdir()
-    (folder / "bundle.yaml").write_text("schema: softprobe.environment-bundle/v1\nname: bad\nimage: x\nports: [80]\n")
+    folder = write_bundle_folder(tmp_path / "bad", "schema: softprobe.environment-bundle/v1\nname: bad\nimage: x\n"
+                                 "ports: [80]\n")
     done = run_cli("bundle", "build", str(folder), store=tmp_path / "store")
     assert done.returncode == 1 and done.stdout == ""
     assert f"{folder / 'bundle.yaml'}:4:1: ports: unknown key 'ports'" in done.stderr
@@ -26,11 +27,8 @@ def test_a_malformed_bundle_fails_with_its_line(tmp_path: Path) -> None:
 
 
 def test_an_absolute_compose_build_context_fails_with_its_line_not_a_traceback(tmp_path: Path) -> None:
-    folder = tmp_path / "b1"
-    folder.mkdir()
-    (folder / "bundle.yaml").write_text("schema: softprobe.environment-bundle/v1\nname: b1\nimage: x\n"
-                                        "compose: compose.yaml\n")
-    (folder / "compose.yaml").write_text("services:\n  api:\n    build: /etc\n")
+    folder = write_bundle_folder(tmp_path / "b1", "schema: softprobe.environment-bundle/v1\nname: b1\nimage: x\n"
+                                 "compose: compose.yaml\n", {"compose.yaml": "services:\n  api:\n    build: /etc\n"})
     done = run_cli("bundle", "build", str(folder), store=tmp_path / "store")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"{folder / 'compose.yaml'}:3:5: services.api.build: the build context '/etc' is absolute" in done.stderr

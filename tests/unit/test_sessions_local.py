@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import ready
 
 from softprobe.gym import create_host_environment
 from softprobe.gym.errors import CapabilityError, ConfigurationError
-from softprobe.gym.providers.local import LocalProvider
 
 
 def call(tool_name: str, **args: object) -> dict:
@@ -25,12 +25,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def test_sessions_keep_state_across_steps_and_die_at_close_and_finalize(tmp_path):
-    provider = LocalProvider(root=tmp_path / "root")
-    async with create_host_environment(run_root=tmp_path / "run", provider=provider,
+async def test_sessions_keep_state_across_steps_and_die_at_close_and_finalize(tmp_path, local_provider):
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider,
                                        capabilities={"sessions": True}) as host:
-        ep = (await host.create_episode()).episode_id
-        await host.reset(episode_id=ep)
+        ep = await ready(host)
         names = [spec.name for spec in await host.tool_specs(episode_id=ep)]
         assert names[-4:] == ["session.start", "session.send", "session.close", "session.list"]
         started = await host.step(episode_id=ep, action=call("session.start", name="py", kind="python"))
@@ -55,22 +53,18 @@ async def test_sessions_keep_state_across_steps_and_die_at_close_and_finalize(tm
         assert '"session.send"' in report and '"CHILD_PROCESS"' in report
 
 
-async def test_session_tools_are_refused_without_the_capability(tmp_path):
-    provider = LocalProvider(root=tmp_path / "root")
-    async with create_host_environment(run_root=tmp_path / "run", provider=provider) as host:
-        ep = (await host.create_episode()).episode_id
-        await host.reset(episode_id=ep)
+async def test_session_tools_are_refused_without_the_capability(tmp_path, local_provider):
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider) as host:
+        ep = await ready(host)
         assert not [s.name for s in await host.tool_specs(episode_id=ep) if s.name.startswith("session.")]
         with pytest.raises(CapabilityError, match="sessions capability"):
             await host.step(episode_id=ep, action=call("session.list"))
 
 
-async def test_session_errors_are_typed(tmp_path):
-    provider = LocalProvider(root=tmp_path / "root")
-    async with create_host_environment(run_root=tmp_path / "run", provider=provider,
+async def test_session_errors_are_typed(tmp_path, local_provider):
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider,
                                        capabilities={"sessions": True}) as host:
-        ep = (await host.create_episode()).episode_id
-        await host.reset(episode_id=ep)
+        ep = await ready(host)
 
         async def error_of(tool_name: str, **args: object) -> str | None:
             result = await host.step(episode_id=ep, action=call(tool_name, **args))
@@ -91,14 +85,14 @@ async def test_session_errors_are_typed(tmp_path):
         assert echoed.observation == "ping"
 
 
-async def test_sessions_and_taped_processes_do_not_mix(tmp_path):
-    provider = LocalProvider(root=tmp_path / "root")
+async def test_sessions_and_taped_processes_do_not_mix(tmp_path, local_provider):
     with pytest.raises(ConfigurationError, match="record_processes"):
-        create_host_environment(run_root=tmp_path / "a", provider=provider, capabilities={"sessions": True},
+        create_host_environment(run_root=tmp_path / "a", provider=local_provider, capabilities={"sessions": True},
                                 tape_mode="record", tape=tmp_path / "tape", record_processes=True)
     # Per episode too: an attempt whose tape serves shell.exec refuses to start a session.
-    async with create_host_environment(run_root=tmp_path / "run", provider=provider, capabilities={"sessions": True},
-                                       tape_mode="record", tape=tmp_path / "tape2") as host:
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider,
+                                       capabilities={"sessions": True}, tape_mode="record",
+                                       tape=tmp_path / "tape2") as host:
         ep = (await host.create_episode(record_processes=True)).episode_id
         await host.reset(episode_id=ep)
         with pytest.raises(CapabilityError, match="taped"):
@@ -116,12 +110,11 @@ async def test_sessions_and_taped_processes_do_not_mix(tmp_path):
         assert report["run_level"] != "hermetic"
 
 
-async def test_a_session_past_the_quota_between_steps_is_caught_and_can_still_be_closed(tmp_path):
-    provider = LocalProvider(root=tmp_path / "root")
-    async with create_host_environment(run_root=tmp_path / "run", provider=provider, capabilities={"sessions": True},
+async def test_a_session_past_the_quota_between_steps_is_caught_and_can_still_be_closed(tmp_path, local_provider):
+    async with create_host_environment(run_root=tmp_path / "run", provider=local_provider,
+                                       capabilities={"sessions": True},
                                        container={"workspace_quota_bytes": "1m"}) as host:
-        ep = (await host.create_episode()).episode_id
-        await host.reset(episode_id=ep)
+        ep = await ready(host)
         await host.step(episode_id=ep, action=call("session.start", name="sh", kind="bash"))
         # It answers at once, then writes past the quota after the step.
         first = await host.step(episode_id=ep, action=call(

@@ -23,7 +23,7 @@ from softprobe.gym.episodes.pool import WarmPool
 from softprobe.gym.episodes.registry import Episode, EpisodeRegistry, step_limit
 from softprobe.gym.episodes.stepping import Score, Stepper
 from softprobe.gym.episodes.store import EpisodeStore, validate_episode_id
-from softprobe.gym.episodes.toolspecs import SESSION_TOOL_SCHEMAS, ToolSchema, tool_schemas
+from softprobe.gym.episodes.toolspecs import ToolSchema, offered_tools, tool_schemas
 from softprobe.gym.errors import (
     CapabilityError,
     ConfigurationError,
@@ -217,9 +217,7 @@ class HostEnvironment:
             episode.state = EpisodeState.READY
             episode.store.start_trajectory()
             self._registry.save(episode)
-            # The tools this episode offers: the session tools only on a host that declares them.
-            offered = [t for t in hello.tools
-                       if self.capabilities.sessions or not (t.builtin and t.name in SESSION_TOOL_SCHEMAS)]
+            offered = offered_tools(hello.tools, sessions=self.capabilities.sessions)
             return ResetResult(
                 episode_id=episode_id,
                 observation={"tools": [tool.name for tool in offered], "workspace_files": hello.workspace_files,

@@ -191,6 +191,12 @@ class ToolSchema(BaseModel):
         }
 
 
+def offered_tools(tools: Sequence[HelloTool], *, sessions: bool) -> list[HelloTool]:
+    """The tools of a shim's hello that an episode offers, in its order: all of them but the
+    built-in session tools, which only a host that declares ``sessions`` offers."""
+    return [tool for tool in tools if sessions or not (tool.builtin and tool.name in SESSION_TOOL_SCHEMAS)]
+
+
 def tool_schemas(tools: Sequence[HelloTool], *, sessions: bool = False) -> list[ToolSchema]:
     """The schemas of the tools a shim's hello lists, in its order; the session tools only with
     ``sessions`` (the host declares the capability).
@@ -206,12 +212,10 @@ def tool_schemas(tools: Sequence[HelloTool], *, sessions: bool = False) -> list[
             dotted name; an added tool's is refused when it is defined).
     """
     schemas = []
-    for tool in tools:
+    for tool in offered_tools(tools, sessions=sessions):
         if tool.builtin and tool.name in SESSION_TOOL_SCHEMAS:
-            if sessions:
-                description, parameters = SESSION_TOOL_SCHEMAS[tool.name]
-                schemas.append(ToolSchema(name=tool.name, description=description, parameters=parameters,
-                                          builtin=True))
+            description, parameters = SESSION_TOOL_SCHEMAS[tool.name]
+            schemas.append(ToolSchema(name=tool.name, description=description, parameters=parameters, builtin=True))
         elif tool.builtin and tool.name in BUILTIN_TOOL_SCHEMAS:
             description, parameters = BUILTIN_TOOL_SCHEMAS[tool.name]
             schemas.append(ToolSchema(name=tool.name, description=description, parameters=parameters, builtin=True))

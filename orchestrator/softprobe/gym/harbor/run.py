@@ -24,6 +24,7 @@ from softprobe.gym.harbor.agents import make_agent
 from softprobe.gym.harbor.host import PreparedTask, prepare_task
 from softprobe.gym.harbor.separate import run_separate_verifier, verifier_definition
 from softprobe.gym.harbor.task import HarborTask, TaskStep, resolve_env
+from softprobe.gym.results import EpisodeHandle, ResetResult
 from softprobe.gym.verdicts import run_verifier
 from softprobe.gym.verifiers import VerifierResult, VerifierSpec
 
@@ -124,15 +125,11 @@ async def run_task(
     except GymError as err:
         return TaskRun(**base, status="error", detail=str(err))
     try:
-        handle = await host.create_episode()
+        begun = await _start_task_episode(host, loaded, base, started)
+        if isinstance(begun, TaskRun):
+            return begun
+        handle, reset = begun
         episode_id = handle.episode_id
-        reset = await host.reset(episode_id=episode_id)
-        if loaded.healthcheck is not None:
-            problem = await _healthcheck(host, episode_id, loaded)
-            if problem is not None:
-                await host.destroy(episode_id=episode_id)
-                return TaskRun(**base, status="unhealthy", detail=problem, episode_dir=str(handle.episode_dir),
-                               duration_s=_since(started))
         await drive(host, episode_id, policy, reset.observation, loaded.agent_timeout_s)
         final = await host.finalize(episode_id=episode_id)
         verdict = final.verifier
@@ -205,6 +202,22 @@ async def run_tasks(
     return list(await asyncio.gather(*(one(path) for path in tasks)))
 
 
+async def _start_task_episode(host: Any, task: HarborTask, base: dict[str, Any], started: float, *,
+                              healthcheck: bool = True) -> tuple[EpisodeHandle, ResetResult] | TaskRun:
+    """Create and reset an episode of ``task`` on ``host``, then (with ``healthcheck``) run the
+    task's healthcheck: the episode's handle and reset, or, when the healthcheck failed, the
+    task's ``unhealthy`` run (its episode destroyed)."""
+    handle = await host.create_episode()
+    reset = await host.reset(episode_id=handle.episode_id)
+    if healthcheck and task.healthcheck is not None:
+        problem = await _healthcheck(host, handle.episode_id, task)
+        if problem is not None:
+            await host.destroy(episode_id=handle.episode_id)
+            return TaskRun(**base, status="unhealthy", detail=problem, episode_dir=str(handle.episode_dir),
+                           duration_s=_since(started))
+    return handle, reset
+
+
 async def _healthcheck(host: Any, episode_id: str, task: HarborTask) -> str | None:
     """Run the task's healthcheck until it passes (None) or its retries are spent (why)."""
     check = task.healthcheck
@@ -246,15 +259,11 @@ async def _run_separate(prepared: PreparedTask, agent: str, run_root: Path, dock
     except GymError as err:
         return TaskRun(**base, status="error", detail=str(err))
     try:
-        handle = await host.create_episode()
+        begun = await _start_task_episode(host, task, base, started)
+        if isinstance(begun, TaskRun):
+            return begun
+        handle, reset = begun
         episode_id = handle.episode_id
-        reset = await host.reset(episode_id=episode_id)
-        if task.healthcheck is not None:
-            problem = await _healthcheck(host, episode_id, task)
-            if problem is not None:
-                await host.destroy(episode_id=episode_id)
-                return TaskRun(**base, status="unhealthy", detail=problem, episode_dir=str(handle.episode_dir),
-                               duration_s=_since(started))
         over = await drive(host, episode_id, policy, reset.observation, task.agent_timeout_s, terminate=False)
         verdict = await run_separate_verifier(
             task, definition, agent_host=host, agent_episode=episode_id, artifacts=task.artifacts,
@@ -295,9 +304,10 @@ async def _run_steps(prepared: PreparedTask, agent: str, run_root: Path, docker_
     done: list[dict[str, Any]] = []
     verdicts: list[VerifierResult] = []
     try:
-        handle = await host.create_episode()
+        begun = await _start_task_episode(host, task, base, started, healthcheck=False)
+        assert not isinstance(begun, TaskRun)  # no healthcheck ran: nothing to refuse the episode
+        handle, reset = begun
         episode_id = handle.episode_id
-        reset = await host.reset(episode_id=episode_id)
         over = False
         for step in task.steps:
             # The previous step's grading harness and outputs are gone before this step's agent runs
