@@ -102,6 +102,23 @@ class LineChannel(Protocol):
     def close(self) -> None: ...
 
 
+def take_line(buffer: bytearray, max_line_bytes: int) -> bytes | None:
+    """The first whole line of what a channel has read (removed from ``buffer``, without its
+    newline), or None while there is none yet.
+
+    Raises:
+        EOFError: ``buffer`` holds more than ``max_line_bytes`` without a newline.
+    """
+    newline = buffer.find(b"\n")
+    if newline >= 0:
+        line = bytes(buffer[:newline])
+        del buffer[: newline + 1]
+        return line
+    if len(buffer) > max_line_bytes:
+        raise EOFError(f"a message from the shim exceeded {max_line_bytes} bytes")
+    return None
+
+
 class ShimClient:
     """Sends requests to one shim and returns their results, one request at a time.
 

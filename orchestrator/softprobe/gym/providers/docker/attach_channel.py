@@ -12,6 +12,8 @@ import asyncio
 import socket
 from typing import Any
 
+from softprobe.gym.shim.client import take_line
+
 STDERR_TAIL_BYTES = 16 * 1024
 
 
@@ -54,14 +56,7 @@ class AttachChannel:
         await self._writer.drain()
 
     async def recv_line(self) -> bytes:
-        while True:
-            newline = self._stdout.find(b"\n")
-            if newline >= 0:
-                line = bytes(self._stdout[:newline])
-                del self._stdout[: newline + 1]
-                return line
-            if len(self._stdout) > self._max_line_bytes:
-                raise EOFError(f"a message from the shim exceeded {self._max_line_bytes} bytes")
+        while (line := take_line(self._stdout, self._max_line_bytes)) is None:
             try:
                 header = await self._reader.readexactly(8)
                 payload = await self._reader.readexactly(int.from_bytes(header[4:8], "big"))
@@ -72,6 +67,7 @@ class AttachChannel:
                 del self._stderr[:-STDERR_TAIL_BYTES]
             else:
                 self._stdout += payload
+        return line
 
     def diagnostics(self) -> str:
         text = self._stderr.decode("utf-8", "replace").strip()

@@ -41,7 +41,7 @@ from softprobe.gym.errors import SandboxLostError, SandboxStartError
 from softprobe.gym.providers.docker.attach_channel import AttachChannel
 from softprobe.gym.providers.docker.live import remote_engine_problem
 from softprobe.gym.settings import ContainerSettings
-from softprobe.gym.shim.client import RESPONSE_GRACE_S, ShimClient, ShimRefusedError
+from softprobe.gym.shim.client import RESPONSE_GRACE_S, ShimClient, ShimRefusedError, take_line
 from softprobe.gym.shim.protocol import ChannelResult
 
 log = logging.getLogger("softprobe.gym.docker")
@@ -183,14 +183,7 @@ class DirectChannel:
         await self._writer.drain()
 
     async def recv_line(self) -> bytes:
-        while True:
-            newline = self._buffer.find(b"\n")
-            if newline >= 0:
-                line = bytes(self._buffer[:newline])
-                del self._buffer[: newline + 1]
-                return line
-            if len(self._buffer) > self._max_line_bytes:
-                raise EOFError(f"a message from the shim exceeded {self._max_line_bytes} bytes")
+        while (line := take_line(self._buffer, self._max_line_bytes)) is None:
             try:
                 chunk = await self._reader.read(1 << 20)
             except ConnectionError:
@@ -200,6 +193,7 @@ class DirectChannel:
                     await asyncio.wait_for(asyncio.shield(self._drain), STDERR_WAIT_S)
                 raise EOFError("the shim's socket closed")
             self._buffer += chunk
+        return line
 
     def diagnostics(self) -> str:
         return self._attach.diagnostics()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from softprobe.gym.shim.client import take_line
+
 STDERR_TAIL_BYTES = 16 * 1024
 
 
@@ -34,18 +36,12 @@ class PipeChannel:
         await self._stdin.drain()
 
     async def recv_line(self) -> bytes:
-        while True:
-            newline = self._buffer.find(b"\n")
-            if newline >= 0:
-                line = bytes(self._buffer[:newline])
-                del self._buffer[: newline + 1]
-                return line
-            if len(self._buffer) > self._max_line_bytes:
-                raise EOFError(f"a message from the shim exceeded {self._max_line_bytes} bytes")
+        while (line := take_line(self._buffer, self._max_line_bytes)) is None:
             chunk = await self._stdout.read(1 << 20)
             if not chunk:
                 raise EOFError("the shim's output stream ended")
             self._buffer += chunk
+        return line
 
     def diagnostics(self) -> str:
         return self._stderr.decode("utf-8", "replace").strip()[-2000:]
