@@ -24,7 +24,7 @@ LINUX = {"OperatingSystem": "Debian GNU/Linux 12", "DefaultRuntime": "runc",
 
 
 def problem(info: dict = LINUX, *, runtime: str | None = None, host: str | None = None, **extra: object) -> str | None:
-    options = {"enabled": True, "info": info, "settings": ContainerSettings(runtime=runtime), "docker_host": host,
+    options = {"info": info, "settings": ContainerSettings(runtime=runtime), "docker_host": host,
                "live_restore": False, **extra}
     return direct_channel_problem(**options)  # type: ignore[arg-type]
 
@@ -36,7 +36,6 @@ def test_a_local_linux_engine_under_runc_takes_the_direct_channel(monkeypatch):
 
 
 @pytest.mark.parametrize(("case", "reason"), [
-    ({"enabled": False}, "turned off"),
     ({"host": "tcp://10.0.0.2:2376"}, "remote"),
     ({"host": "ssh://builder"}, "remote"),
     ({"info": {**LINUX, "OperatingSystem": "Docker Desktop"}}, "Docker Desktop"),

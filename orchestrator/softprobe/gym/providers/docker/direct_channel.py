@@ -61,12 +61,10 @@ STDERR_WAIT_S = 2.0
 MAX_SOCKET_PATH = 100
 
 
-def direct_channel_problem(*, enabled: bool, info: dict[str, Any], settings: ContainerSettings,
-                           docker_host: str | None, live_restore: bool) -> str | None:
+def direct_channel_problem(*, info: dict[str, Any], settings: ContainerSettings, docker_host: str | None,
+                           live_restore: bool) -> str | None:
     """Why the shim of a container with ``settings`` cannot be reached directly (attach is
     used instead), or None. ``info``: the engine's ``/info``."""
-    if not enabled:
-        return f"the direct channel is turned off ({CHANNEL_ENV}=attach or direct_channel=False)"
     if not sys.platform.startswith("linux"):
         return "the host is not Linux: its sockets cannot cross into the engine's containers"
     if remote_engine_problem(docker_host) is not None:

@@ -279,7 +279,8 @@ class DockerProvider(Provider):
         return sandbox
 
     async def _channel_listener(self, spec: SandboxSpec) -> ChannelListener | None:
-        """A listener for the shim's direct channel, or None where attach must carry it."""
+        """A listener for the shim's direct channel, or None where attach must carry it (or is
+        asked for: ``direct_channel=False``)."""
         if not self.direct_channel:
             return None
         if self._engine_info is None:
@@ -287,7 +288,7 @@ class DockerProvider(Provider):
                 self._engine_info = await self.engine.run(control_plane(self.client.info))
             except ENGINE_ERRORS as err:
                 raise translate(err, "info") from err
-        problem = direct_channel_problem(enabled=True, info=self._engine_info or {}, settings=spec.settings,
+        problem = direct_channel_problem(info=self._engine_info or {}, settings=spec.settings,
                                          docker_host=self.engine.docker_host, live_restore=spec.live is not None)
         if problem is None:
             try:
