@@ -6,7 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +21,7 @@ from softprobe.gym.providers.docker.direct_channel import (
     DirectChannel,
     direct_channel_problem,
     remove_folder,
+    sweep_folders,
     upgrade,
 )
 from softprobe.gym.settings import ContainerSettings
@@ -188,3 +195,31 @@ async def test_a_line_over_the_bound_ends_the_direct_channel():
         await channel.recv_line()
     channel.close()
     theirs.close()
+
+
+@pytest.fixture
+def short_tmp(monkeypatch) -> Iterator[Path]:
+    """A temp folder of its own, short enough for a socket's path (pytest's tmp_path is not)."""
+    folder = Path(tempfile.mkdtemp(prefix="sp-"))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_a_sweep_removes_the_folders_of_hosts_that_are_gone_and_keeps_the_living(short_tmp):
+    tmp_path = short_tmp
+    listener = ChannelListener()  # this process's: alive
+    listener.close()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = tmp_path / f"softprobe-channel-{ended.stdout.strip()}-1-abc"
+    gone.mkdir(mode=0o700)
+    (gone / "shim.sock").write_text("")
+    reused = tmp_path / f"softprobe-channel-{os.getpid()}-1-def"  # our pid, another start: a reused pid
+    reused.mkdir(mode=0o700)
+    unrelated = tmp_path / "softprobe-channel-notapid"
+    unrelated.mkdir()
+    (unrelated / "data").write_text("keep")  # not only a socket: never removed
+    assert sorted(sweep_folders()) == sorted([str(gone), str(reused)])
+    assert os.path.isdir(listener.folder) and unrelated.exists()
+    assert os.path.basename(listener.folder).startswith(f"softprobe-channel-{os.getpid()}-")
+    remove_folder(listener.folder)

@@ -8,9 +8,10 @@ hostile shim reaches nothing of the host's through it). Once the container runs,
 the ``channel`` request over attach with a fresh nonce; the shim connects and sends the nonce
 first. The host keeps the connection only if the nonce matches, then closes the listener:
 nothing can connect afterwards. The socket file stays, unused, while the container exists
-(Docker's archive copies mount every bind source again), and goes with the container: the
-container's label :data:`~softprobe.gym.labels.CHANNEL_FOLDER` names its folder, so a sweep
-removes what a host that died left.
+(Docker's archive copies mount every bind source again), and goes with the container (the
+container's label :data:`~softprobe.gym.labels.CHANNEL_FOLDER` names its folder); the folder's
+name carries its host process's id, so a sweep also removes what a host that died left, even
+once its containers are gone.
 
 Attach stays the path (chosen by :func:`direct_channel_problem`, the reason logged) where the
 socket cannot cross: Docker Desktop (the engine runs in a VM), remote engines, gVisor (its
@@ -37,6 +38,7 @@ from typing import Any
 
 from docker.types import Mount
 
+from softprobe.gym import labels as L
 from softprobe.gym.errors import SandboxLostError, SandboxStartError
 from softprobe.gym.providers.docker.attach_channel import AttachChannel
 from softprobe.gym.providers.docker.live import remote_engine_problem
@@ -46,7 +48,8 @@ from softprobe.gym.shim.protocol import ChannelResult
 
 log = logging.getLogger("softprobe.gym.docker")
 
-#: The name of every channel folder starts so (the sweep removes only such folders).
+#: The name of every channel folder starts so, then its host process's pid and start ticks
+#: (the sweep removes only such folders, and only those of processes that are gone).
 FOLDER_PREFIX = "softprobe-channel-"
 #: Turns the direct channel off for every Docker provider of this process when ``attach``.
 CHANNEL_ENV = "SOFTPROBE_GYM_CHANNEL"
@@ -93,7 +96,8 @@ class ChannelListener:
     """
 
     def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # mode 0700: the host's only
+        _, pid, ticks = L.current_owner().rsplit(":", 2)
+        self.folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{pid}-{ticks}-")  # mode 0700: the host's only
         self.path = os.path.join(self.folder, "shim.sock")
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -139,18 +143,37 @@ class ChannelListener:
             self._sock = None
 
 
-def remove_folder(folder: str | None) -> None:
+def sweep_folders() -> list[str]:
+    """Remove the channel folders this user's host processes that are gone left in the temp
+    folder (blocking); the folders removed."""
+    removed = []
+    root = tempfile.gettempdir()
+    hostname = socket.gethostname()
+    for name in os.listdir(root):
+        if not name.startswith(FOLDER_PREFIX):
+            continue
+        pid, _, rest = name[len(FOLDER_PREFIX):].partition("-")
+        ticks = rest.partition("-")[0]
+        if L.owner_status(f"{hostname}:{pid}:{ticks}") is L.OwnerStatus.GONE:
+            folder = os.path.join(root, name)
+            if remove_folder(folder):
+                removed.append(folder)
+    return removed
+
+
+def remove_folder(folder: str | None) -> bool:
     """Remove a channel folder (blocking): only a folder of this user's named as ours, holding
-    at most its socket, so a label cannot make a sweep remove anything else."""
+    at most its socket, so a label cannot make a sweep remove anything else. Whether it did."""
     if not folder or not os.path.basename(folder).startswith(FOLDER_PREFIX):
-        return
+        return False
     try:
         info = os.lstat(folder)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or set(os.listdir(folder)) - {"shim.sock"}:
-            return
+            return False
     except OSError:
-        return
+        return False
     shutil.rmtree(folder, ignore_errors=True)
+    return not os.path.exists(folder)
 
 
 class DirectChannel:

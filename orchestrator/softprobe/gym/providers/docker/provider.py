@@ -40,6 +40,7 @@ from softprobe.gym.providers.docker.direct_channel import (
     channel_enabled,
     direct_channel_problem,
     remove_folder,
+    sweep_folders,
     upgrade,
 )
 from softprobe.gym.providers.docker.engine import DockerEngine
@@ -263,9 +264,8 @@ class DockerProvider(Provider):
         except BaseException:
             # Nothing of a sandbox that did not start may stay: its container, its uids.
             try:
-                await asyncio.shield(self.engine.run(self.engine.remove_container, container_id))
-                if listener is not None:
-                    remove_folder(listener.folder)
+                listed = {"Id": container_id, "Labels": {L.CHANNEL_FOLDER: listener.folder} if listener else {}}
+                await asyncio.shield(self.engine.run(self._remove_container, listed))
             finally:
                 release(ids)
             raise
@@ -537,8 +537,10 @@ class DockerProvider(Provider):
 
     def _remove_container(self, container: dict[str, Any]) -> None:
         """Remove a listed container, and its channel folder on this host (blocking)."""
-        self.engine.remove_container(container["Id"])
-        remove_folder((container.get("Labels") or {}).get(L.CHANNEL_FOLDER))
+        try:
+            self.engine.remove_container(container["Id"])
+        finally:
+            remove_folder((container.get("Labels") or {}).get(L.CHANNEL_FOLDER))
 
     async def remove_image(self, image_id: str) -> bool:
         return await self.engine.run(self._remove_image, image_id)
@@ -595,6 +597,8 @@ class DockerProvider(Provider):
                 pending = left
             for image in pending:
                 report.removed_images.remove(image["Id"])
+        if not dry_run:  # the channel folders of hosts that died, their containers gone or not
+            sweep_folders()
         # After the containers: a network goes only once nothing is attached to it.
         for network in self.worlds.list_networks({L.MANAGED: "true", **({L.EPISODE: episode} if episode else {})}):
             if self._doomed(network.get("Labels") or {}, everything, report):

@@ -290,14 +290,21 @@ class DockerSandbox(Sandbox):
                 budget_bytes=max_bytes,
             )
 
+    def _remove_container(self) -> None:
+        """Remove the container, then its channel folder on this host (blocking)."""
+        try:
+            self._engine.remove_container(self.sandbox_id)
+        finally:
+            remove_folder(self._channel_folder)
+
     async def remove(self) -> None:
         if self._removed:
             return
         self._removed = True
         self.channel.close()
         try:
-            await asyncio.shield(self._engine.run(self._engine.remove_container, self.sandbox_id))
-            await asyncio.shield(self._engine.run(remove_folder, self._channel_folder))
+            # One call on the engine's thread: a cancelled caller cannot leave the folder behind.
+            await asyncio.shield(self._engine.run(self._remove_container))
         finally:
             try:
                 if self.world is not None and self._builder is not None:
