@@ -54,6 +54,15 @@ def test_channels_side_by_side_say_so():
     assert table[1].split()[-2:] == ["attach", "direct"] and table[3].split()[-2:] == ["0.500", "0.300"]
 
 
+def test_compare_channels_refuses_where_the_direct_one_cannot_be_used(docker_engine):
+    bench = subprocess.run(
+        [sys.executable, "-m", "softprobe.gym.cli", "bench", "--quick", "--runtime", "runsc", "--compare-channels"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert bench.returncode == 1 and "--compare-channels needs the direct channel" in bench.stderr, bench.stderr
+    assert "gVisor" in bench.stderr
+
+
 def test_compare_runtimes_refuses_a_runtime_the_engine_lacks(docker_engine):
     bench = subprocess.run(
         [sys.executable, "-m", "softprobe.gym.cli", "bench", "--quick", "--compare-runtimes", "runc,no-such-runtime"],

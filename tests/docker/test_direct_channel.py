@@ -11,6 +11,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 from helpers import BASE, host_containers, ready, tool
 
 from softprobe.gym import HostEnvironment, create_host_environment
-from softprobe.gym.providers.docker.direct_channel import CHANNEL_ENV, CONTAINER_SOCKET
+from softprobe.gym.providers.docker.direct_channel import CHANNEL_ENV, CONTAINER_SOCKET, ChannelListener
 
 pytestmark = pytest.mark.docker
 
@@ -79,28 +80,69 @@ def _mount_source(host: HostEnvironment, episode_id: str) -> str | None:
 
 
 KILLED_HOST = """
-import asyncio, os, sys
+import asyncio, json, os, sys
 sys.path.insert(0, {tests!r})
 from helpers import BASE, ready
 from softprobe.gym import create_host_environment
 
 async def main():
-    host = create_host_environment(run_root={run_root!r}, image=BASE)
+    host = create_host_environment(run_root={run_root!r}, image={image!r})
     episode_id = await ready(host)
     runtime = host.runtime_of(episode_id=episode_id)
     attrs = host.provider.client.api.inspect_container(runtime.sandbox.sandbox_id)
-    print([m["Source"] for m in attrs["Mounts"]][0], flush=True)
+    print(json.dumps([m["Source"] for m in attrs["Mounts"]]), flush=True)
     os._exit(0)  # no clean-up: as a host that was killed
 
 asyncio.run(main())
 """
 
 
-def _run_killed_host(tmp_path: Path) -> str:
-    """Run a host that dies without cleaning up; the folder of its container's socket."""
-    code = KILLED_HOST.format(tests=str(Path(__file__).parents[1]), run_root=str(tmp_path / "killed"))
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    return os.path.dirname(ran.stdout.strip().splitlines()[-1])
+def _run_killed_host(tmp_path: Path, image: str = BASE, **env: str) -> str | None:
+    """Run a host that dies without cleaning up; the folder of its container's socket (None:
+    none mounted)."""
+    code = KILLED_HOST.format(tests=str(Path(__file__).parents[1]), run_root=str(tmp_path / "killed"), image=image)
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         env={**os.environ, **env})
+    sources = json.loads(ran.stdout.strip().splitlines()[-1])
+    return os.path.dirname(sources[0]) if sources else None
+
+
+async def test_a_child_of_a_checkpoint_never_names_its_parents_folder(tmp_path, docker_engine):
+    # A checkpoint image carries its parent container's labels: a child that stays on attach
+    # must not inherit the parent's folder, or a sweep of the child would remove it under the
+    # running parent (whose finalize needs it: Docker's archive copies mount it again).
+    caps = {"environment_checkpoint": True}
+    async with create_host_environment(run_root=tmp_path / "parent", image=BASE, capabilities=caps) as parent:
+        episode_id = await ready(parent, "parent")
+        source = _mount_source(parent, episode_id)
+        assert source is not None
+        checkpoint = await parent.checkpoint(episode_id=episode_id)
+        image = parent.provider.client.api.inspect_image(checkpoint.image_id)  # type: ignore[attr-defined]
+        assert _run_killed_host(tmp_path, image["Id"], **{CHANNEL_ENV: "attach"}) is None
+        async with create_host_environment(run_root=tmp_path / "next", image=BASE) as sweeper:
+            await ready(sweeper)  # sweeps the dead host's child
+        assert os.path.isdir(os.path.dirname(source))
+        done = await parent.finalize(episode_id=episode_id)
+        assert done.workspace_path.is_dir()
+
+
+async def test_an_engine_that_refuses_the_mount_leaves_the_provider_on_attach(tmp_path, monkeypatch, docker_engine):
+    # As an engine that cannot see this host's temp folder (a remote context, a private /tmp):
+    # the bind source does not exist there. The start goes on over attach, and so do later ones.
+    from docker.types import Mount
+
+    def unseen(self):  # type: ignore[no-untyped-def]
+        return Mount(CONTAINER_SOCKET, os.path.join(self.folder, "unseen.sock"), type="bind", read_only=True)
+
+    monkeypatch.setattr(ChannelListener, "mount", unseen)
+    async with create_host_environment(run_root=tmp_path, image=BASE) as host:
+        for episode_id in ("first", "second"):
+            await ready(host, episode_id)
+            step = await host.step(episode_id=episode_id, action=tool("fs.list"))
+            assert step.error is None and step.diagnostics["channel"] == "attach", step
+            assert _mount_source(host, episode_id) is None
+        assert host.provider.direct_channel is False  # type: ignore[attr-defined]
+    assert not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"softprobe-channel-{os.getpid()}-")]
 
 
 async def _attack(host: HostEnvironment, episode_id: str, action: dict[str, object]) -> dict[str, str]:
@@ -134,7 +176,7 @@ async def test_a_step_names_its_channel_and_the_hosts_socket_goes_with_the_conta
 async def test_a_sweep_removes_the_socket_folder_a_dead_host_left(tmp_path, docker_engine):
     # A host killed mid-episode leaves its container; the next sweep removes it and its folder.
     left = _run_killed_host(tmp_path)
-    assert os.path.isdir(left)
+    assert left is not None and os.path.isdir(left)
     async with create_host_environment(run_root=tmp_path / "next", image=BASE) as host:
         await ready(host)  # the first use sweeps what dead hosts left
     assert not os.path.exists(left)
@@ -163,7 +205,7 @@ async def test_the_agent_and_the_tool_uid_cannot_reach_the_socket(host):
 
 
 async def test_a_root_agent_finds_the_socket_closed_and_cannot_replace_it(tmp_path, docker_engine):
-    # A world whose agent is root (user "0", no capabilities) may enter the folder, which is
+    # A world whose agent is root (user "0", with the shim's capabilities) may enter the folder, which is
     # root's: the listener is closed, and the socket is a read-only mount no one can move.
     async with create_host_environment(run_root=tmp_path, image=BASE, container={"user": "0"}) as host:
         episode_id = await ready(host)
@@ -177,7 +219,7 @@ async def test_a_root_agent_finds_the_socket_closed_and_cannot_replace_it(tmp_pa
 
 async def test_only_the_socket_crosses_and_read_only(host):
     # What even the container's root sees of the host: one socket file, mounted read-only, whose
-    # folder on the host no longer exists.
+    # folder on the host holds nothing else and is the host's only (mode 0700).
     episode_id = await ready(host)
     ran = await host.run_process(episode_id=episode_id, user="root", argv=[
         "sh", "-c", f"ls -A {FOLDER}; grep ' {FOLDER}' /proc/self/mountinfo"])

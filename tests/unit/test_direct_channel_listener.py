@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from softprobe.gym.errors import SandboxStartError
 from softprobe.gym.providers.docker.direct_channel import (
     ChannelListener,
     DirectChannel,
@@ -25,40 +26,35 @@ from softprobe.gym.providers.docker.direct_channel import (
     upgrade,
 )
 from softprobe.gym.settings import ContainerSettings
+from softprobe.gym.shim.client import LineBuffer
 
 LINUX = {"OperatingSystem": "Debian GNU/Linux 12", "DefaultRuntime": "runc",
          "Runtimes": {"runc": {"path": "runc"}, "runsc": {"path": "/usr/bin/runsc"}, "gvisor": {"path": "/opt/runsc"}}}
 
 
-def problem(info: dict = LINUX, *, runtime: str | None = None, host: str | None = None, **extra: object) -> str | None:
-    options = {"info": info, "settings": ContainerSettings(runtime=runtime), "docker_host": host,
+def problem(info: dict = LINUX, *, runtime: str | None = None, url: str = "http+docker://localhost",
+            **extra: object) -> str | None:
+    options = {"info": info, "settings": ContainerSettings(runtime=runtime), "engine_url": url,
                "live_restore": False, **extra}
     return direct_channel_problem(**options)  # type: ignore[arg-type]
 
 
-def test_a_local_linux_engine_under_runc_takes_the_direct_channel(monkeypatch):
-    monkeypatch.delenv("DOCKER_HOST", raising=False)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the direct channel is for Linux hosts only")
+def test_a_local_linux_engine_under_runc_takes_the_direct_channel():
     assert problem() is None
-    assert problem(host="unix:///var/run/docker.sock") is None
 
 
 @pytest.mark.parametrize(("case", "reason"), [
-    ({"host": "tcp://10.0.0.2:2376"}, "remote"),
-    ({"host": "ssh://builder"}, "remote"),
+    ({"url": "https://10.0.0.2:2376"}, "not a local unix socket"),
+    ({"url": "http://builder:2375"}, "not a local unix socket"),
     ({"info": {**LINUX, "OperatingSystem": "Docker Desktop"}}, "Docker Desktop"),
     ({"live_restore": True}, "live restore"),
     ({"runtime": "runsc"}, "gVisor"),
     ({"runtime": "gvisor"}, "gVisor"),  # registered under another name: known by its program
     ({"info": {**LINUX, "DefaultRuntime": "runsc"}}, "gVisor"),  # the engine's default
 ])
-def test_attach_is_kept_where_the_socket_cannot_cross(case, reason, monkeypatch):
-    monkeypatch.delenv("DOCKER_HOST", raising=False)
+def test_attach_is_kept_where_the_socket_cannot_cross(case, reason):
     assert reason in (problem(**case) or "")
-
-
-def test_a_remote_docker_host_variable_keeps_attach(monkeypatch):
-    monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.2:2376")
-    assert "remote" in (problem() or "")
 
 
 async def _connect(path: str, first: bytes) -> socket.socket:
@@ -150,6 +146,43 @@ async def test_a_shim_without_the_request_stays_on_attach_and_the_listener_close
     with socket.socket(socket.AF_UNIX) as late, pytest.raises(ConnectionRefusedError):
         late.connect(listener.path)  # the listener closed
     remove_folder(listener.folder)
+
+
+class FailingAttach(RefusingAttach):
+    """A shim that knows the request and fails at it (not an older shim)."""
+
+    async def recv_line(self) -> bytes:
+        return json.dumps({"id": self.sent[-1]["id"], "ok": False,
+                           "error": {"type": "shim_error", "message": "UnicodeEncodeError: ..."}}).encode()
+
+
+async def test_a_shim_that_fails_at_the_request_is_a_start_error_not_a_silent_fallback():
+    listener = ChannelListener()
+    with pytest.raises(SandboxStartError, match="could not open the direct channel"):
+        await upgrade(FailingAttach(), listener, max_line_bytes=1024)  # type: ignore[arg-type]
+    remove_folder(listener.folder)
+
+
+class CountingBytes(bytearray):
+    """A buffer that counts the bytes its newline searches go through."""
+
+    searched = 0
+
+    def find(self, sub, start=0, *rest):  # type: ignore[no-untyped-def,override]
+        CountingBytes.searched += len(self) - start
+        return super().find(sub, start, *rest)
+
+
+def test_a_line_that_never_ends_is_searched_once_per_byte():
+    buffer = LineBuffer(max_line_bytes=1 << 20)
+    buffer.data = CountingBytes()
+    fed = 0
+    with pytest.raises(EOFError, match="exceeded"):
+        while True:
+            assert buffer.take() is None
+            buffer.data += b"x" * 4096
+            fed += 4096
+    assert CountingBytes.searched <= fed  # quadratic before: each chunk searched all that came before
 
 
 class EndedAttach(RefusingAttach):

@@ -68,8 +68,9 @@ class Runtime:
     @property
     def channel(self) -> str:
         """What carries the shim's requests now (``attach``, ``direct``, ``pipe``: see
-        :class:`~softprobe.gym.shim.client.LineChannel`)."""
-        return self.sandbox.channel.kind
+        :class:`~softprobe.gym.shim.client.LineChannel`; ``unknown`` for a provider's channel
+        that does not say)."""
+        return str(getattr(self.sandbox.channel, "kind", "unknown"))
 
     @classmethod
     async def start(cls, provider: Provider, spec: SandboxSpec) -> Runtime:

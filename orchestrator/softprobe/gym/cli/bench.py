@@ -42,6 +42,7 @@ from softprobe.gym import labels as L
 from softprobe.gym.cli.bench_cpu import CpuRow, cpu_ratios, format_cpu, run_cpu_bench
 from softprobe.gym.episodes.factory import create_host_environment
 from softprobe.gym.episodes.host import HostEnvironment
+from softprobe.gym.errors import ConfigurationError
 from softprobe.gym.providers.archive import build_seed_archive
 from softprobe.gym.providers.docker.baseline import DockerBaseline
 from softprobe.gym.providers.docker.direct_channel import CHANNEL_ENV
@@ -560,10 +561,6 @@ class Comparison(BaseModel):
     reports: dict[str, BenchReport]
 
 
-#: ``bench --compare-channels``: each channel by the ``SOFTPROBE_GYM_CHANNEL`` value that picks it.
-CHANNELS = {"attach": "attach", "direct": "direct"}
-
-
 def format_comparison(comparison: Comparison) -> str:
     names = list(comparison.reports)
     header = f"{'measurement (p50)':52} {'unit':8}" + "".join(f" {name:>22}" for name in names)
@@ -614,7 +611,8 @@ def main_bench(*, image: str, quick: bool, as_json: bool, runtimes: list[str] | 
     ``compare_channels``; only the CPU-per-step rows with ``cpu_only``) and print the report.
 
     Raises:
-        ConfigurationError: a runtime the engine does not have.
+        ConfigurationError: a runtime the engine does not have; channels to compare where the
+            direct one cannot be used (the message says why).
     """
     import sys
 
@@ -625,17 +623,20 @@ def main_bench(*, image: str, quick: bool, as_json: bool, runtimes: list[str] | 
         report = asyncio.run(run_bench(image=image, quick=quick, cpu_only=cpu_only, log=log))
         print(report.model_dump_json(indent=2) if as_json else format_report(report))
         return 0
-    if compare_channels:
-        variants = {name: (CHANNEL_ENV, value) for name, value in CHANNELS.items()}
+    provider = DockerProvider(direct_channel=True)
+    try:  # refuse what cannot be measured before measuring anything
+        if compare_channels:
+            problem = provider.channel_problem(ContainerSettings())
+            if problem is not None:
+                raise ConfigurationError(f"--compare-channels needs the direct channel, and here {problem}")
+        for runtime in runtimes or []:
+            provider.check_settings(ContainerSettings(runtime=runtime))
+    finally:
+        provider.discard()
+    if compare_channels:  # by the SOFTPROBE_GYM_CHANNEL value that picks each
+        variants = {"attach": (CHANNEL_ENV, "attach"), "direct": (CHANNEL_ENV, "direct")}
     else:
-        assert runtimes is not None
-        provider = DockerProvider()
-        try:
-            for runtime in runtimes:  # refuse an unknown runtime before measuring anything
-                provider.check_settings(ContainerSettings(runtime=runtime))
-        finally:
-            provider.discard()
-        variants = {runtime: (RUNTIME_ENV, runtime) for runtime in runtimes}
+        variants = {runtime: (RUNTIME_ENV, runtime) for runtime in runtimes or []}
     reports = {}
     for name, (variable, value) in variants.items():
         with _environment(variable, value):  # every host the bench makes defaults to it

@@ -102,21 +102,31 @@ class LineChannel(Protocol):
     def close(self) -> None: ...
 
 
-def take_line(buffer: bytearray, max_line_bytes: int) -> bytes | None:
-    """The first whole line of what a channel has read (removed from ``buffer``, without its
-    newline), or None while there is none yet.
+class LineBuffer:
+    """What a channel has read from the shim, split into lines; each byte is searched for a
+    newline once, so a line that never ends costs linear time, not quadratic."""
 
-    Raises:
-        EOFError: ``buffer`` holds more than ``max_line_bytes`` without a newline.
-    """
-    newline = buffer.find(b"\n")
-    if newline >= 0:
-        line = bytes(buffer[:newline])
-        del buffer[: newline + 1]
-        return line
-    if len(buffer) > max_line_bytes:
-        raise EOFError(f"a message from the shim exceeded {max_line_bytes} bytes")
-    return None
+    def __init__(self, max_line_bytes: int) -> None:
+        self.data = bytearray()
+        self._scanned = 0  # bytes of ``data`` known to hold no newline
+        self._max_line_bytes = max_line_bytes
+
+    def take(self) -> bytes | None:
+        """The first whole line (removed, without its newline), or None while there is none.
+
+        Raises:
+            EOFError: more than ``max_line_bytes`` without a newline.
+        """
+        newline = self.data.find(b"\n", self._scanned)
+        if newline >= 0:
+            line = bytes(self.data[:newline])
+            del self.data[: newline + 1]
+            self._scanned = 0
+            return line
+        self._scanned = len(self.data)
+        if self._scanned > self._max_line_bytes:
+            raise EOFError(f"a message from the shim exceeded {self._max_line_bytes} bytes")
+        return None
 
 
 class ShimClient:

@@ -12,7 +12,7 @@ import asyncio
 import socket
 from typing import Any
 
-from softprobe.gym.shim.client import take_line
+from softprobe.gym.shim.client import LineBuffer
 
 STDERR_TAIL_BYTES = 16 * 1024
 
@@ -34,8 +34,7 @@ class AttachChannel:
         self._writer = writer
         # The HTTP response that owns the hijacked socket: dropping it would close the socket.
         self._keepalive = keepalive
-        self._max_line_bytes = max_line_bytes
-        self._stdout = bytearray()
+        self._stdout = LineBuffer(max_line_bytes)
         self._stderr = bytearray()
         self._closed = False
 
@@ -56,7 +55,7 @@ class AttachChannel:
         await self._writer.drain()
 
     async def recv_line(self) -> bytes:
-        while (line := take_line(self._stdout, self._max_line_bytes)) is None:
+        while (line := self._stdout.take()) is None:
             try:
                 header = await self._reader.readexactly(8)
                 payload = await self._reader.readexactly(int.from_bytes(header[4:8], "big"))
@@ -66,7 +65,7 @@ class AttachChannel:
                 self._stderr += payload
                 del self._stderr[:-STDERR_TAIL_BYTES]
             else:
-                self._stdout += payload
+                self._stdout.data += payload
         return line
 
     def diagnostics(self) -> str:

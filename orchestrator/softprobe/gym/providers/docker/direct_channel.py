@@ -14,8 +14,9 @@ name carries its host process's id, so a sweep also removes what a host that die
 once its containers are gone.
 
 Attach stays the path (chosen by :func:`direct_channel_problem`, the reason logged) where the
-socket cannot cross: Docker Desktop (the engine runs in a VM), remote engines, gVisor (its
-sandbox does not connect to host sockets), live restores, or when turned off
+socket cannot cross: Docker Desktop (the engine runs in a VM), remote engines, gVisor (runsc
+refuses to mount a host socket), live restores, an engine that refused the mount (the provider
+then stays on attach), or when turned off
 (``SOFTPROBE_GYM_CHANNEL=attach``, ``DockerProvider(direct_channel=False)``). Attach still
 carries the shim's stderr, drained in the background for error messages.
 """
@@ -41,9 +42,8 @@ from docker.types import Mount
 from softprobe.gym import labels as L
 from softprobe.gym.errors import SandboxLostError, SandboxStartError
 from softprobe.gym.providers.docker.attach_channel import AttachChannel
-from softprobe.gym.providers.docker.live import remote_engine_problem
 from softprobe.gym.settings import ContainerSettings
-from softprobe.gym.shim.client import RESPONSE_GRACE_S, ShimClient, ShimRefusedError, take_line
+from softprobe.gym.shim.client import RESPONSE_GRACE_S, LineBuffer, ShimClient, ShimRefusedError
 from softprobe.gym.shim.protocol import ChannelResult
 
 log = logging.getLogger("softprobe.gym.docker")
@@ -64,14 +64,15 @@ STDERR_WAIT_S = 2.0
 MAX_SOCKET_PATH = 100
 
 
-def direct_channel_problem(*, info: dict[str, Any], settings: ContainerSettings, docker_host: str | None,
+def direct_channel_problem(*, info: dict[str, Any], settings: ContainerSettings, engine_url: str,
                            live_restore: bool) -> str | None:
     """Why the shim of a container with ``settings`` cannot be reached directly (attach is
-    used instead), or None. ``info``: the engine's ``/info``."""
+    used instead), or None. ``info``: the engine's ``/info``; ``engine_url``: the address the
+    client talks to (docker-py's ``base_url``: ``http+docker://`` for a unix socket)."""
     if not sys.platform.startswith("linux"):
         return "the host is not Linux: its sockets cannot cross into the engine's containers"
-    if remote_engine_problem(docker_host) is not None:
-        return "the engine is remote (not a unix:// socket): its containers cannot reach this host's sockets"
+    if not engine_url.startswith("http+docker://"):
+        return f"the engine at {engine_url} is not a local unix socket: its containers cannot reach this host's sockets"
     if (info.get("OperatingSystem") or "") == "Docker Desktop":
         return "Docker Desktop runs its engine in a VM: this host's sockets cannot cross into it"
     if live_restore:
@@ -79,7 +80,7 @@ def direct_channel_problem(*, info: dict[str, Any], settings: ContainerSettings,
     runtime = settings.runtime or info.get("DefaultRuntime") or "runc"
     registered = (info.get("Runtimes") or {}).get(runtime) or {}
     if Path(str(registered.get("path") or runtime)).name == "runsc":
-        return "gVisor's sandbox does not connect to the host's unix sockets"
+        return "gVisor (runsc) refuses to mount a host socket into its sandbox"
     return None
 
 
@@ -131,8 +132,14 @@ class ChannelListener:
         loop = asyncio.get_running_loop()
         for _ in range(4):  # only root in the container can connect, and only the shim runs
             conn, _ = await loop.sock_accept(self._sock)
-            if hmac.compare_digest(await _first_line(loop, conn), nonce):
-                return conn
+            try:
+                if hmac.compare_digest(await _first_line(loop, conn), nonce):
+                    return conn
+            except OSError:  # a peer that reset the connection: not the shim
+                pass
+            except BaseException:
+                conn.close()
+                raise
             conn.close()
         return None
 
@@ -187,8 +194,7 @@ class DirectChannel:
         self._reader = reader
         self._writer = writer
         self._attach = attach
-        self._max_line_bytes = max_line_bytes
-        self._buffer = bytearray()
+        self._buffer = LineBuffer(max_line_bytes)
         self._drain = asyncio.ensure_future(self._drain_attach())
         self._closed = False
 
@@ -204,16 +210,16 @@ class DirectChannel:
         await self._writer.drain()
 
     async def recv_line(self) -> bytes:
-        while (line := take_line(self._buffer, self._max_line_bytes)) is None:
+        while (line := self._buffer.take()) is None:
             try:
                 chunk = await self._reader.read(1 << 20)
             except ConnectionError:
                 chunk = b""
             if not chunk:
-                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(asyncio.shield(self._drain), STDERR_WAIT_S)
+                # Not a wait_for: a cancel of the caller meanwhile must reach the caller.
+                await asyncio.wait({self._drain}, timeout=STDERR_WAIT_S)
                 raise EOFError("the shim's socket closed")
-            self._buffer += chunk
+            self._buffer.data += chunk
         return line
 
     def diagnostics(self) -> str:
@@ -239,32 +245,40 @@ async def upgrade(
         SandboxStartError: the shim did not answer over attach (it is gone).
     """
     nonce = secrets.token_hex(16)
+    accepted = asyncio.ensure_future(listener.accept(nonce, CONNECT_TIMEOUT_S + RESPONSE_GRACE_S))
+    conn = None
     try:
-        accepted = asyncio.ensure_future(listener.accept(nonce, CONNECT_TIMEOUT_S + RESPONSE_GRACE_S))
         try:
             # A client of its own, not closed: closing it would close ``attach``.
             answer = await ShimClient(attach).channel(nonce, timeout_s=CONNECT_TIMEOUT_S + RESPONSE_GRACE_S)
-        except ShimRefusedError as err:  # a shim without the request: attach carries on
-            answer = ChannelResult(connected=False, reason=err.detail)
+        except ShimRefusedError as err:
+            if err.kind != "protocol_error":  # the shim knows the request and failed at it
+                raise SandboxStartError(f"the shim could not open the direct channel: {err.detail}") from None
+            answer = ChannelResult(connected=False, reason=err.detail)  # an older shim: attach carries on
         except SandboxLostError as err:
-            accepted.cancel()
             raise SandboxStartError(f"the shim did not start: {err}. The image needs python3 (>= 3.8) on PATH "
                                     "and a /bin/sh.") from None
-        except BaseException:
-            accepted.cancel()
-            raise
         if not answer.connected:
-            accepted.cancel()
             log.info("the shim stays on attach: %s", answer.reason)
             return attach
         conn = await accepted
     finally:
         listener.close()
+        if conn is None:
+            await _discard(accepted)
     if conn is None:
         log.info("the shim stays on attach: its connection did not bring the nonce in time")
         return attach
     reader, writer = await asyncio.open_unix_connection(sock=conn, limit=1 << 20)
     return DirectChannel(reader, writer, attach, max_line_bytes=max_line_bytes)
+
+
+async def _discard(accepted: asyncio.Future[socket.socket | None]) -> None:
+    """Cancel an accept no one took, and close the connection it may have made already."""
+    accepted.cancel()
+    await asyncio.wait({accepted})  # raises nothing for the accept; a cancel of the caller goes through
+    if not accepted.cancelled() and accepted.exception() is None and (conn := accepted.result()) is not None:
+        conn.close()
 
 
 async def _first_line(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:

@@ -36,6 +36,7 @@ from softprobe.gym.providers.base import WORKSPACE, LiveRestore, Provider, Sandb
 from softprobe.gym.providers.docker import live
 from softprobe.gym.providers.docker.attach_channel import AttachChannel
 from softprobe.gym.providers.docker.direct_channel import (
+    CONTAINER_SOCKET,
     ChannelListener,
     channel_enabled,
     direct_channel_problem,
@@ -234,13 +235,54 @@ class DockerProvider(Provider):
         # A live restore's shim runs tools as its parent's uids (they are in its memory): under
         # gVisor, the only runtime live checkpoints work on, each sandbox has a kernel of its own.
         restore = spec.live
-        ids = EpisodeIds(*restore.agent_ids) if restore is not None else self._uids.allocate(spec.settings, info)
-        release: Callable[[EpisodeIds], None] = self._uids.release if restore is None else _keep
-        listener = await self._channel_listener(spec)
+        listener = await self._channel_listener(spec)  # before the uids: it may raise
         try:
-            container_id = await self.engine.run(self._create, spec, info, ids, world, listener)
+            ids = EpisodeIds(*restore.agent_ids) if restore is not None else self._uids.allocate(spec.settings, info)
         except BaseException:
-            release(ids)
+            if listener is not None:
+                listener.close()
+                remove_folder(listener.folder)
+            raise
+        release: Callable[[EpisodeIds], None] = self._uids.release if restore is None else _keep
+        try:
+            try:
+                container_id, channel = await self._create_and_start(spec, info, ids, world, archive, listener)
+            except _MountRefused as err:
+                # An engine that cannot see this host's temp folder (a remote context, dockerd in
+                # a VM or with a private /tmp), or an image with a file where the socket goes.
+                self.direct_channel = False
+                log.warning("the engine refused the direct channel's socket mount; this provider's shims stay on "
+                            "attach from now on: %s", err)
+                listener = None
+                container_id, channel = await self._create_and_start(spec, info, ids, world, archive, None)
+        except BaseException:
+            release(ids)  # nothing of a sandbox that did not start may stay: its uids neither
+            raise
+        sandbox = DockerSandbox(self.engine, container_id, info.image_id, channel, info.user, ids, release,
+                                pending_seed=shim_seed, world=world, builder=self.worlds,
+                                channel_folder=listener.folder if listener is not None else None)
+        sandbox.restored = restore is not None
+        return sandbox
+
+    async def _create_and_start(
+        self, spec: SandboxSpec, info: _ImageInfo, ids: EpisodeIds, world: WorldContainers | None,
+        archive: bytes | None, listener: ChannelListener | None,
+    ) -> tuple[str, LineChannel]:
+        """Create and start the agent's container and open the channel to its shim; on failure
+        remove what it made (the container, the listener's folder).
+
+        Raises:
+            _MountRefused: the engine refused the container with ``listener``'s socket mounted.
+        """
+        restore = spec.live
+        try:
+            try:
+                container_id = await self.engine.run(self._create, spec, info, ids, world, listener)
+            except SandboxError as err:
+                if _names_the_mount(err, listener):
+                    raise _MountRefused(str(err)) from err
+                raise
+        except BaseException:
             if listener is not None:
                 listener.close()
                 remove_folder(listener.folder)
@@ -255,41 +297,49 @@ class DockerProvider(Provider):
                 attach = await self.engine.run(self._attach, container_id)
                 try:
                     channel = await AttachChannel.open(attach, max_line_bytes=MAX_LINE_BYTES)
-                    await self.engine.run(self._start, container_id)
+                    try:
+                        await self.engine.run(self._start, container_id)
+                    except SandboxError as err:
+                        if _names_the_mount(err, listener):
+                            raise _MountRefused(str(err)) from err
+                        raise
                 except BaseException:
                     getattr(attach, "close", lambda: None)()
                     raise
                 if listener is not None:
                     channel = await upgrade(channel, listener, max_line_bytes=MAX_LINE_BYTES)
         except BaseException:
-            # Nothing of a sandbox that did not start may stay: its container, its uids.
-            try:
-                listed = {"Id": container_id, "Labels": {L.CHANNEL_FOLDER: listener.folder} if listener else {}}
-                await asyncio.shield(self.engine.run(self._remove_container, listed))
-            finally:
-                release(ids)
+            listed = {"Id": container_id, "Labels": {L.CHANNEL_FOLDER: listener.folder if listener else ""}}
+            await asyncio.shield(self.engine.run(self._remove_container, listed))
             raise
         finally:
             if listener is not None:
                 listener.close()
-        sandbox = DockerSandbox(self.engine, container_id, info.image_id, channel, info.user, ids, release,
-                                pending_seed=shim_seed, world=world, builder=self.worlds,
-                                channel_folder=listener.folder if listener is not None else None)
-        sandbox.restored = restore is not None
-        return sandbox
+        return container_id, channel
+
+    def channel_problem(self, settings: ContainerSettings, *, live_restore: bool = False) -> str | None:
+        """Why a shim started with ``settings`` would stay on attach, not the direct channel, or
+        None (blocking: asks the engine once).
+
+        Raises:
+            DockerUnavailableError: no engine answers.
+        """
+        if not self.direct_channel:
+            return "the direct channel is turned off (SOFTPROBE_GYM_CHANNEL=attach or direct_channel=False)"
+        if self._engine_info is None:
+            try:
+                self._engine_info = control_plane(self.client.info)()
+            except ENGINE_ERRORS as err:
+                raise translate(err, "info") from err
+        return direct_channel_problem(info=self._engine_info or {}, settings=settings,
+                                      engine_url=str(self.client.api.base_url), live_restore=live_restore)
 
     async def _channel_listener(self, spec: SandboxSpec) -> ChannelListener | None:
         """A listener for the shim's direct channel, or None where attach must carry it (or is
         asked for: ``direct_channel=False``)."""
         if not self.direct_channel:
             return None
-        if self._engine_info is None:
-            try:
-                self._engine_info = await self.engine.run(control_plane(self.client.info))
-            except ENGINE_ERRORS as err:
-                raise translate(err, "info") from err
-        problem = direct_channel_problem(info=self._engine_info or {}, settings=spec.settings,
-                                         docker_host=self.engine.docker_host, live_restore=spec.live is not None)
+        problem = await self.engine.run(self.channel_problem, spec.settings, live_restore=spec.live is not None)
         if problem is None:
             try:
                 return ChannelListener()
@@ -442,8 +492,10 @@ class DockerProvider(Provider):
             stdin_open=True,
             tty=False,
             environment=environment,
+            # Always set: a checkpoint image carries its parent's label, which must not name the
+            # parent's folder on a child (a sweep would remove it under the running parent).
             labels={**spec.labels, L.AGENT_UID: str(ids.agent_uid),
-                    **({L.CHANNEL_FOLDER: listener.folder} if listener is not None else {})},
+                    L.CHANNEL_FOLDER: listener.folder if listener is not None else ""},
             network_disabled=settings.network == "none" and world is None,
             host_config=host_config,
             networking_config=networking,
@@ -536,11 +588,10 @@ class DockerProvider(Provider):
         return listed
 
     def _remove_container(self, container: dict[str, Any]) -> None:
-        """Remove a listed container, and its channel folder on this host (blocking)."""
-        try:
-            self.engine.remove_container(container["Id"])
-        finally:
-            remove_folder((container.get("Labels") or {}).get(L.CHANNEL_FOLDER))
+        """Remove a listed container, then its channel folder on this host (blocking; a folder
+        whose container could not be removed stays: it is the container's mount source)."""
+        self.engine.remove_container(container["Id"])
+        remove_folder((container.get("Labels") or {}).get(L.CHANNEL_FOLDER))
 
     async def remove_image(self, image_id: str) -> bool:
         return await self.engine.run(self._remove_image, image_id)
@@ -688,6 +739,15 @@ def host_config_kwargs(settings: ContainerSettings) -> dict[str, Any]:
     elif settings.cap_add:
         kwargs["cap_add"] = list(settings.cap_add)
     return kwargs
+
+
+class _MountRefused(SandboxError):
+    """The engine refused a container with the direct channel's socket mounted."""
+
+
+def _names_the_mount(err: SandboxError, listener: ChannelListener | None) -> bool:
+    """Whether the engine's refusal is about the channel's mount (its source or its target)."""
+    return listener is not None and (listener.folder in str(err) or CONTAINER_SOCKET in str(err))
 
 
 def _keep(ids: EpisodeIds) -> None:

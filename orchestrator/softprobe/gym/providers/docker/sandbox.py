@@ -291,11 +291,10 @@ class DockerSandbox(Sandbox):
             )
 
     def _remove_container(self) -> None:
-        """Remove the container, then its channel folder on this host (blocking)."""
-        try:
-            self._engine.remove_container(self.sandbox_id)
-        finally:
-            remove_folder(self._channel_folder)
+        """Remove the container, then its channel folder on this host (blocking; the folder stays
+        while its container does: it is the container's mount source)."""
+        self._engine.remove_container(self.sandbox_id)
+        remove_folder(self._channel_folder)
 
     async def remove(self) -> None:
         if self._removed:

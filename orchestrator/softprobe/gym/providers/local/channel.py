@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from softprobe.gym.shim.client import take_line
+from softprobe.gym.shim.client import LineBuffer
 
 STDERR_TAIL_BYTES = 16 * 1024
 
@@ -20,8 +20,7 @@ class PipeChannel:
         self._process = process
         self._stdin = process.stdin
         self._stdout = process.stdout
-        self._max_line_bytes = max_line_bytes
-        self._buffer = bytearray()
+        self._buffer = LineBuffer(max_line_bytes)
         self._stderr = bytearray()
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(process.stderr))
         self._closed = False
@@ -36,11 +35,11 @@ class PipeChannel:
         await self._stdin.drain()
 
     async def recv_line(self) -> bytes:
-        while (line := take_line(self._buffer, self._max_line_bytes)) is None:
+        while (line := self._buffer.take()) is None:
             chunk = await self._stdout.read(1 << 20)
             if not chunk:
                 raise EOFError("the shim's output stream ended")
-            self._buffer += chunk
+            self._buffer.data += chunk
         return line
 
     def diagnostics(self) -> str:

@@ -51,7 +51,7 @@ def connect(nonce: object, folder_problem: str | None) -> tuple[socket.socket | 
     """Connect to the host's socket and send ``nonce``; (the socket, "") or (None, why not)."""
     if folder_problem is not None:
         return None, folder_problem
-    if not isinstance(nonce, str) or not nonce.isalnum() or not 16 <= len(nonce) <= 128:
+    if not isinstance(nonce, str) or not (nonce.isascii() and nonce.isalnum()) or not 16 <= len(nonce) <= 128:
         return None, "the nonce must be 16 to 128 letters or digits"
     try:
         info = os.lstat(CHANNEL_PATH)
