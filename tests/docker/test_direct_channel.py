@@ -1,4 +1,4 @@
-"""The direct channel (SECURITY.md rows 96-99): where the engine is local Linux the host speaks
+"""The direct channel (SECURITY.md rows 96-99a): where the engine is local Linux the host speaks
 to the shim over a unix socket of its own, named in each step's diagnostics; gVisor, and a host
 told so, stay on attach. The agent, the tool uid and a root agent cannot connect to the socket,
 list, replace or fill its folder, and the host's side of it is gone once the shim connected."""
