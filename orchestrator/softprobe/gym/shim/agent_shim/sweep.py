@@ -74,34 +74,26 @@ def group_state(pid: int, leader: str, threads: int) -> str:
     """
     if leader not in ("Z", "X", "T", "t", "D") or threads <= 1 and leader in ("Z", "X"):
         return leader
-    letters = _thread_states(pid)
-    if letters is None:
-        return "?" if leader in ("Z", "X") else leader
-    live = [letter for letter in letters if letter not in ("Z", "X")]
-    if not live:
-        return "Z"
-    moving = [letter for letter in live if letter not in ("T", "t")]
-    if not moving:
-        return "T"
-    return next((letter for letter in moving if letter != "D"), "D")
-
-
-def _thread_states(pid: int) -> list[str] | None:
-    """The state letter of each thread of ``pid`` from /proc/<pid>/task (a thread that ended
-    meanwhile is left out); None when its threads cannot be listed."""
     try:
         tasks = os.listdir("/proc/%d/task" % pid)
     except OSError:
-        return None
-    letters = []
+        return "?" if leader in ("Z", "X") else leader
+    live = []
     for task in tasks:
         try:
             with open("/proc/%d/task/%s/stat" % (pid, task), "rb") as f:
                 data = f.read()
         except OSError:
             continue  # ended meanwhile
-        letters.append(data[data.rfind(b")") + 2 :][:1].decode("ascii", "replace"))
-    return letters
+        letter = data[data.rfind(b")") + 2 :][:1].decode("ascii", "replace")
+        if letter not in ("Z", "X"):
+            live.append(letter)
+    if not live:
+        return "Z"
+    moving = [letter for letter in live if letter not in ("T", "t")]
+    if not moving:
+        return "T"
+    return next((letter for letter in moving if letter != "D"), "D")
 
 
 def _kill_session(sid: int, deadline_s: float = SWEEP_DEADLINE_S) -> bool:
@@ -211,13 +203,6 @@ def clear_processes(deadline_s: float = SWEEP_DEADLINE_S) -> bool:
 def _proc_groups(pid: int) -> tuple[frozenset[int], str] | None:
     """(supplementary groups, state letter) of ``pid`` from /proc/<pid>/status; None when it is
     gone (or its status cannot be read)."""
-    status = _proc_status(pid)
-    return None if status is None else (status[0], group_state(pid, status[1], status[2]))
-
-
-def _proc_status(pid: int) -> tuple[frozenset[int], str, int] | None:
-    """(supplementary groups, its main thread's state letter, thread count) of ``pid`` from
-    /proc/<pid>/status; None when it is gone (or its status cannot be read)."""
     try:
         with open("/proc/%d/status" % pid, "rb") as f:
             data = f.read()
@@ -237,7 +222,7 @@ def _proc_status(pid: int) -> tuple[frozenset[int], str, int] | None:
         elif line.startswith(b"Threads:"):
             with contextlib.suppress(ValueError):
                 threads = int(line[8:])
-    return None if groups is None else (groups, state, threads)
+    return None if groups is None else (groups, group_state(pid, state, threads))
 
 
 def _signal_pid(pid: int, sig: int, keep: Callable[[frozenset[int]], bool]) -> None:
@@ -326,50 +311,27 @@ def stop_groups(gids: frozenset[int], deadline_s: float = SWEEP_DEADLINE_S) -> l
     on the next round (a stopped one cannot fork). A process in the kernel (state D: the parent
     of a vfork, until its child execs, and that child may be stopped first) counts as stopped
     once signalled: the SIGSTOP pending stops it before it runs any code of its own again; so does
-    a process whose threads cannot be seen (state ``?``, see :func:`group_state`).
-
-    A process seen stopped (every thread) is taken as still stopped, its threads not read again,
-    while its main thread is: a round that found nothing else running is then followed by one
-    that reads every thread again (a tracer may resume one thread alone), and only a round that
-    read every thread and found none running ends the freeze."""
+    a process whose threads cannot be seen (state ``?``, see :func:`group_state`)."""
     me = os.getpid()
     deadline = time.monotonic() + deadline_s
     signalled: set[int] = set()
-    stopped: set[int] = set()
-    confirming = False
 
     def inside(groups: frozenset[int]) -> bool:
         return bool(groups & gids)
 
     while True:
         running = []
-        trusted = False  # whether a process was taken as stopped without reading its threads
         for pid in _other_pids(me):
-            status = _proc_status(pid)
-            if status is None or not inside(status[0]):
-                stopped.discard(pid)  # gone (its pid free for another process) or out of the groups
+            info = _proc_groups(pid)
+            if info is None or not inside(info[0]) or info[1] in ("Z", "X", "T", "t"):
                 continue
-            if not confirming and pid in stopped and status[1] in ("T", "t"):
-                trusted = True
-                continue
-            state = group_state(pid, status[1], status[2])
-            if state in ("T", "t"):
-                stopped.add(pid)
-                continue
-            stopped.discard(pid)
-            if state in ("Z", "X"):
-                continue
-            if state in ("D", "?") and pid in signalled:
+            if info[1] in ("D", "?") and pid in signalled:
                 continue  # in the kernel (or unseen threads): the pending SIGSTOP stops it first
-            running.append((pid, state))
+            running.append((pid, info[1]))
             signalled.add(pid)
             _signal_pid(pid, signal.SIGSTOP, inside)
         if not running:
-            if not trusted:
-                return []
-            confirming = True  # the last round reads every thread
-            continue
-        confirming = False
+            return []
         if time.monotonic() > deadline:
             return running
         time.sleep(0.0005)
