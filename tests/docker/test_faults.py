@@ -357,3 +357,25 @@ async def test_29_18_a_full_disk_during_finalize_leaves_nothing_half_written_and
     no_half_files(folder)
     made = await ready(host, "made-on-a-full-disk")
     assert (await host.step(episode_id=made, action=shell("echo ok"))).observation == "ok\n"
+
+
+def test_the_state_of_a_lost_container_waits_for_its_exit_to_be_on_record(client, docker_engine):
+    """The engine records a container's exit (and an OOM kill) after its output has ended, so
+    ``why_lost`` gives a container still running a moment to stop: otherwise a memory bomb under
+    gVisor was sometimes reported as a closed stream only. The container's own ``sleep`` is the
+    subject: the first read of its state comes while it runs."""
+    from softprobe.gym.providers.docker.engine import DockerEngine
+
+    labels = {L.MANAGED: "true", L.OWNER: L.current_owner()}
+    exiting = client.containers.run(BASE, ["sh", "-c", "sleep 2; exit 7"], detach=True, labels=labels)
+    lingering = client.containers.run(BASE, ["sleep", "600"], detach=True, labels=labels)
+    engine = DockerEngine(docker_host=None, max_workers=1)
+    try:
+        state = engine.container_state(exiting.id, retry=False, exit_wait_s=60)
+        assert (state["Running"], state["ExitCode"]) == (False, 7)
+        state = engine.container_state(lingering.id, retry=False, exit_wait_s=1)
+        assert state["Running"] is True  # it lives on: the wait is bounded and reports it running
+    finally:
+        engine.discard()
+        for container in (exiting, lingering):
+            container.remove(force=True)

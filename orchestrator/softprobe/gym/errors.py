@@ -171,7 +171,15 @@ class SandboxStartError(SandboxError):
 
 
 class SandboxLostError(SandboxError):
-    """The container or its shim died, or the shim stopped answering, in the middle of a call."""
+    """The container or its shim died, or the shim stopped answering, in the middle of a call.
+
+    ``stream_ended``: the shim's output stream ended (it exited, or its container died), as
+    opposed to a shim that stopped answering; the provider asks the engine why only then.
+    """
+
+    def __init__(self, message: str, *, stream_ended: bool = False) -> None:
+        super().__init__(message)
+        self.stream_ended = stream_ended
 
 
 class ShimReplyError(SandboxError):

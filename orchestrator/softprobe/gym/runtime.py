@@ -150,6 +150,11 @@ class Runtime:
         """Why the sandbox stopped working, or None while it works."""
         return "the sandbox was removed" if self._removed else self._client.lost
 
+    async def _explained(self, err: SandboxLostError) -> SandboxLostError:
+        """``err`` with what the provider knows about why the sandbox was lost."""
+        reason = await self.sandbox.why_lost(str(err), stream_ended=err.stream_ended)
+        return SandboxLostError(reason, stream_ended=err.stream_ended)
+
     async def call_tool(
         self, *, tool: str, args: dict[str, Any], timeout_s: float, output_cap: int, traceparent: str | None = None
     ) -> CallResult:
@@ -174,7 +179,7 @@ class Runtime:
                 tool=tool, args=args, timeout_s=timeout_s, output_cap=output_cap, traceparent=traceparent
             )
         except SandboxLostError as err:
-            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+            raise await self._explained(err) from None
 
     async def run_process(self, request: ExecRequest, stdin: bytes) -> ProcessResult:
         """Run one program for the host as a user of the sandbox (see :class:`ExecRequest`:
@@ -189,7 +194,7 @@ class Runtime:
         try:
             reply = await self._client.exec(request, stdin)
         except SandboxLostError as err:
-            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+            raise await self._explained(err) from None
         code = reply.exit_code
         return ProcessResult(
             returncode=None if code is None else (128 - code if code < 0 else code),
@@ -215,7 +220,7 @@ class Runtime:
         try:
             return await self._client.export_changes(max_bytes=max_bytes)
         except SandboxLostError as err:
-            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+            raise await self._explained(err) from None
 
     async def apply_changes(self, changes: list[dict[str, Any]]) -> ApplyChangesResult:
         """Apply a recorded change set to the workspace (checked by the shim: the set is untrusted).
@@ -227,7 +232,7 @@ class Runtime:
         try:
             return await self._client.apply_changes(changes)
         except SandboxLostError as err:
-            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+            raise await self._explained(err) from None
 
     async def set_episode_env(self, *, clock_start: int | None, random_seed: int | None) -> HelloResult:
         """Fix the clock start (epoch seconds; needs ``"time_shim"`` in ``hello.capabilities``)
@@ -303,7 +308,7 @@ class Runtime:
         try:
             return await self._client.workspace_snapshot(request)
         except SandboxLostError as err:
-            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+            raise await self._explained(err) from None
 
     async def workspace_stage(self, request: WorkspaceStageRequest, data: bytes) -> None:
         """Stage pieces of blobs for :meth:`workspace_restore` (``data``: their content, one
@@ -316,7 +321,7 @@ class Runtime:
         try:
             await self._client.workspace_stage(request, data)
         except SandboxLostError as err:
-            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+            raise await self._explained(err) from None
 
     async def workspace_restore(self, changes: list[dict[str, Any]]) -> HelloResult:
         """Make the workspace exactly ``changes`` (an apply_changes set); returns the new hello.
@@ -327,7 +332,7 @@ class Runtime:
         try:
             self.hello = await self._client.workspace_restore(changes)
         except SandboxLostError as err:
-            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+            raise await self._explained(err) from None
         return self.hello
 
     async def put_files(self, request: PutFilesRequest, archive: bytes) -> PutFilesResult:
@@ -343,7 +348,7 @@ class Runtime:
         try:
             return await self._client.put_files(request, archive)
         except SandboxLostError as err:
-            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+            raise await self._explained(err) from None
 
     async def verify(self, request: VerifyRequest, archive: bytes) -> VerifyResult:
         """Run a world's verifier in the sandbox (see :class:`VerifyRequest`).
@@ -355,7 +360,7 @@ class Runtime:
         try:
             return await self._client.verify(request, archive)
         except SandboxLostError as err:
-            raise SandboxLostError(await self.sandbox.why_lost(str(err))) from None
+            raise await self._explained(err) from None
 
     async def exists(self, path: str) -> bool:
         """Whether ``path`` (relative to the workspace) exists. Raises SandboxLostError."""

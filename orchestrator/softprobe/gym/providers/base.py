@@ -100,8 +100,10 @@ class Sandbox(ABC):
             SandboxError: the copy failed.
         """
 
-    async def why_lost(self, reason: str) -> str:
-        """``reason`` (the channel broke), plus whatever the provider knows about why."""
+    async def why_lost(self, reason: str, *, stream_ended: bool = False) -> str:
+        """``reason`` (the channel broke), plus whatever the provider knows about why.
+        ``stream_ended``: the shim's output ended (it exited or its sandbox died), rather than
+        the shim not answering in time."""
         return reason
 
     async def changed_outside_workspace(self) -> list[str] | None:

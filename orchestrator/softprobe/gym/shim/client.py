@@ -149,6 +149,7 @@ class ShimClient:
         self._lock = asyncio.Lock()
         self._next_id = 0
         self._lost: str | None = None
+        self._lost_stream_ended = False
 
     @property
     def lost(self) -> str | None:
@@ -265,7 +266,7 @@ class ShimClient:
         op = request["op"] if isinstance(request, dict) else request.op
         async with self._lock:
             if self._lost is not None:
-                raise SandboxLostError(self._lost)
+                raise SandboxLostError(self._lost, stream_ended=self._lost_stream_ended)
             self._next_id += 1
             request_id = self._next_id
             payload = request if isinstance(request, dict) else request.model_dump()
@@ -296,7 +297,7 @@ class ShimClient:
                 raise self._fail(f"the shim did not answer within {deadline_s:g}s") from None
             except (EOFError, ConnectionError, OSError) as err:
                 detail = f" ({err})" if str(err) else ""
-                raise self._fail(f"the connection to the shim closed{detail}") from None
+                raise self._fail(f"the connection to the shim closed{detail}", stream_ended=True) from None
         if not response.ok:
             kind, detail = (response.error.type, response.error.message) if response.error else ("?", "")
             message = f"the shim refused a {op!r} request: {kind}: {detail}"
@@ -311,12 +312,13 @@ class ShimClient:
             if response.id == request_id or response.id is None:
                 return response
 
-    def _fail(self, reason: str) -> SandboxLostError:
+    def _fail(self, reason: str, *, stream_ended: bool = False) -> SandboxLostError:
         """Mark the connection lost for good (a late answer would be misattributed)."""
         extra = self._channel.diagnostics()
         self._lost = reason + (f"; shim stderr: {extra}" if extra else "")
+        self._lost_stream_ended = stream_ended
         self._channel.close()
-        return SandboxLostError(self._lost)
+        return SandboxLostError(self._lost, stream_ended=stream_ended)
 
 
 def _parse_response(raw: bytes) -> ShimResponse:

@@ -120,10 +120,22 @@ class DockerEngine:
         except ENGINE_ERRORS as err:
             raise translate(err, getattr(func, "__name__", "a Docker call").lstrip("_")) from err
 
-    def container_state(self, container_id: str, *, retry: bool = True) -> dict[str, Any]:
-        """The engine's ``State`` of a container (blocking); ``retry=False``: one try only."""
+    def container_state(self, container_id: str, *, retry: bool = True, exit_wait_s: float = 0) -> dict[str, Any]:
+        """The engine's ``State`` of a container (blocking); ``retry=False``: one try only.
+
+        ``exit_wait_s``: a container still running is given that long to stop first. The engine
+        records an exit (and an OOM kill) after the container's output has ended, so a state read
+        the moment the stream ends may still say running.
+        """
         inspect = control_plane(self.api.inspect_container) if retry else self.api.inspect_container
-        return dict(inspect(container_id).get("State") or {})
+        state = dict(inspect(container_id).get("State") or {})
+        if exit_wait_s > 0 and state.get("Running"):
+            try:
+                self.api.wait(container_id, timeout=exit_wait_s, condition="not-running")
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                return state  # still running: the shim closed its output but lives on
+            state = dict(inspect(container_id).get("State") or {})
+        return state
 
     def remove_container(self, container_id: str) -> None:
         """Force-remove a container and its anonymous volumes; one already gone is fine (blocking)."""

@@ -44,6 +44,9 @@ from softprobe.gym.worlds import EgressReport
 
 #: How long asking the engine why a sandbox was lost may take before the loss is reported as is.
 WHY_LOST_TIMEOUT_S = 10.0
+#: How long a container whose shim's output ended is given to stop, so its exit (an OOM kill
+#: above all) is on record before the loss is explained.
+EXIT_WAIT_S = 3.0
 
 
 class DockerSandbox(Sandbox):
@@ -113,14 +116,17 @@ class DockerSandbox(Sandbox):
             return b""
         return self._builder.read_journal(self.world)[since:]
 
-    async def why_lost(self, reason: str) -> str:
+    async def why_lost(self, reason: str, *, stream_ended: bool = False) -> str:
         """``reason``, plus what the engine knows: a container the kernel OOM-killed as a whole
         (under gVisor a memory bomb takes the whole sandbox, not one process), or an engine that
         does not answer (it stopped or restarted: its containers die with it). One question,
-        bounded in time, never retried: the caller is waiting to report the loss."""
+        bounded in time, never retried: the caller is waiting to report the loss. Where the
+        shim's output ended, a container still running gets :data:`EXIT_WAIT_S` to stop first."""
+        wait_s = EXIT_WAIT_S if stream_ended else 0
         try:
             state = await asyncio.wait_for(
-                self._engine.run(self._engine.container_state, self.sandbox_id, retry=False), WHY_LOST_TIMEOUT_S)
+                self._engine.run(self._engine.container_state, self.sandbox_id, retry=False, exit_wait_s=wait_s),
+                WHY_LOST_TIMEOUT_S)
         except (DockerUnavailableError, asyncio.TimeoutError):
             return (f"{reason}; the Docker engine does not answer: it stopped or restarted, and its "
                     "containers die with it (unless it runs with live-restore)")

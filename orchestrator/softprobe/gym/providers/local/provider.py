@@ -96,7 +96,7 @@ class LocalSandbox(Sandbox):
         except (OSError, tarfile.TarError) as err:
             raise SandboxError(f"copying {path} out of the local sandbox failed: {err}") from None
 
-    async def why_lost(self, reason: str) -> str:
+    async def why_lost(self, reason: str, *, stream_ended: bool = False) -> str:
         code = self.process.returncode
         return reason if code is None else f"{reason}; the shim exited with status {code}"
 
