@@ -50,6 +50,8 @@ from softprobe.gym.text import readable
 
 #: How long the host waits beyond a tool's own timeout before it declares the shim unresponsive.
 RESPONSE_GRACE_S = 15.0
+#: The longest line any channel takes from a shim (a reply with a large observation).
+MAX_LINE_BYTES = 256 * 1024 * 1024
 
 _timeout = getattr(asyncio, "timeout", None)
 

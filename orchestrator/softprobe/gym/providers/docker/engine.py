@@ -120,6 +120,17 @@ class DockerEngine:
         except ENGINE_ERRORS as err:
             raise translate(err, getattr(func, "__name__", "a Docker call").lstrip("_")) from err
 
+    def info(self) -> dict[str, Any]:
+        """The engine's ``/info`` (blocking, retried like every control-plane call).
+
+        Raises:
+            DockerUnavailableError: no engine answers (or another SandboxError, translated).
+        """
+        try:
+            return dict(control_plane(self.client.info)() or {})
+        except ENGINE_ERRORS as err:
+            raise translate(err, "info") from err
+
     def container_state(self, container_id: str, *, retry: bool = True, exit_wait_s: float = 0) -> dict[str, Any]:
         """The engine's ``State`` of a container (blocking); ``retry=False``: one try only.
 

@@ -59,7 +59,7 @@ from softprobe.gym.providers.docker.world import (
 )
 from softprobe.gym.settings import ContainerSettings, parse_size
 from softprobe.gym.shim import SHIM_ARTEFACT, SHIM_SHA256, shim_source
-from softprobe.gym.shim.client import LineChannel
+from softprobe.gym.shim.client import MAX_LINE_BYTES, LineChannel
 from softprobe.gym.worlds import World
 
 #: Where a container has the shim: its artefact (a zip application, see softprobe.gym.shim).
@@ -69,8 +69,6 @@ FLATTEN_AT_LAYERS = 100
 #: Seeds up to this size are sent through the shim; larger ones by archive before start.
 SEED_BY_SHIM_MAX = 8 * 1024 * 1024
 NOBODY = 65534
-#: The longest line either channel takes from a shim (a reply with a large observation).
-MAX_LINE_BYTES = 256 * 1024 * 1024
 _SHIM_SOURCE = shim_source()
 log = logging.getLogger("softprobe.gym.docker")
 
@@ -143,10 +141,7 @@ class DockerProvider(Provider):
         """
         if settings.runtime is None:
             return
-        try:
-            runtimes = sorted((control_plane(self.client.info)().get("Runtimes") or {}).keys())
-        except ENGINE_ERRORS as err:
-            raise translate(err, "info") from err
+        runtimes = sorted((self.engine.info().get("Runtimes") or {}).keys())
         if settings.runtime not in runtimes:
             raise ConfigurationError(
                 f"container runtime {settings.runtime!r} is not registered with this Docker engine "
@@ -327,11 +322,8 @@ class DockerProvider(Provider):
         if not self.direct_channel:
             return "the direct channel is turned off (SOFTPROBE_GYM_CHANNEL=attach or direct_channel=False)"
         if self._engine_info is None:
-            try:
-                self._engine_info = control_plane(self.client.info)()
-            except ENGINE_ERRORS as err:
-                raise translate(err, "info") from err
-        return direct_channel_problem(info=self._engine_info or {}, settings=settings,
+            self._engine_info = self.engine.info()
+        return direct_channel_problem(info=self._engine_info, settings=settings,
                                       engine_url=str(self.client.api.base_url), live_restore=live_restore)
 
     async def _channel_listener(self, spec: SandboxSpec) -> ChannelListener | None:
@@ -539,11 +531,7 @@ class DockerProvider(Provider):
         """
         problem = live.remote_engine_problem(self.engine.docker_host)  # before asking an engine anything
         if problem is None:
-            try:
-                info = control_plane(self.client.info)()
-            except ENGINE_ERRORS as err:
-                raise translate(err, "info") from err
-            problem = live.live_checkpoint_problem(info, settings, self.engine.docker_host)
+            problem = live.live_checkpoint_problem(self.engine.info(), settings, self.engine.docker_host)
         if problem is not None:
             raise LiveCheckpointUnavailableError(f"this host declares live_checkpoint, but {problem}")
 

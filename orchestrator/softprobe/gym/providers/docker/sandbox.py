@@ -39,7 +39,7 @@ from softprobe.gym.providers.docker.world import (
     service_images,
 )
 from softprobe.gym.results import SkippedMember
-from softprobe.gym.shim.client import LineChannel
+from softprobe.gym.shim.client import MAX_LINE_BYTES, LineChannel
 from softprobe.gym.worlds import EgressReport
 
 #: How long asking the engine why a sandbox was lost may take before the loss is reported as is.
@@ -337,7 +337,7 @@ async def attach_restored(engine: DockerEngine, container_id: str, name: str) ->
         attach = await engine.run(control_plane(api.attach_socket), container_id,
                                   params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
         try:
-            channel = await AttachChannel.open(attach, max_line_bytes=256 * 1024 * 1024)
+            channel = await AttachChannel.open(attach, max_line_bytes=MAX_LINE_BYTES)
         except BaseException:
             getattr(attach, "close", lambda: None)()
             raise

@@ -101,7 +101,7 @@ class WorldBuilder:
                 "with services or a network policy sets its own network (leave container.network at 'none')"
             )
         if settings.runtime is not None:
-            runtimes = control_plane(self.engine.client.info)().get("Runtimes") or {}
+            runtimes = self.engine.info().get("Runtimes") or {}
             args = (runtimes.get(settings.runtime) or {}).get("runtimeArgs") or []
             if "--network=none" in args:
                 raise ConfigurationError(

@@ -40,6 +40,7 @@ from softprobe.gym.providers.local.processes import kill_tree
 from softprobe.gym.results import SkippedMember
 from softprobe.gym.settings import ContainerSettings, parse_size
 from softprobe.gym.shim import SHIM_PACKAGE
+from softprobe.gym.shim.client import MAX_LINE_BYTES
 
 #: Image ids this provider makes (and accepts for ``copy_seed=False`` starts).
 IMAGE_PREFIX = "local-image:"
@@ -75,7 +76,7 @@ class LocalSandbox(Sandbox):
         self.folder = folder
         self.workspace = folder / "workspace"
         self.process = process
-        self.channel = PipeChannel(process, max_line_bytes=256 * 1024 * 1024)
+        self.channel = PipeChannel(process, max_line_bytes=MAX_LINE_BYTES)
         self.pending_seed = pending_seed
         self._release = release
         self._removed = False
