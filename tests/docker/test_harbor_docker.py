@@ -92,6 +92,19 @@ def test_a_failing_healthcheck_stops_the_task_before_the_agent(tmp_path: Path, c
     assert code == 1 and runs[0]["status"] == "unhealthy" and "3 times" in runs[0]["detail"]
 
 
+def test_a_failing_healthcheck_stops_a_multi_step_task_before_its_first_step(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    task = tmp_path / "unhealthy-steps"
+    shutil.copytree(TASKS / "hello-multi-step", task)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace("test -d /app", "test -s /app/missing.ini"))
+    code, runs = _cli(capsys, "run", str(task), "--run-root", str(tmp_path / "run"))
+    assert code == 1 and runs[0]["status"] == "unhealthy" and "3 times" in runs[0]["detail"]
+    assert runs[0]["reward"] is None
+
+
 def test_a_task_under_gvisor(tmp_path: Path, capsys: pytest.CaptureFixture[str], episode_runtime: str) -> None:
     """The same task, the same verdicts, with the engine's runtime and under runsc."""
     code, runs = _cli(capsys, "run", str(TASKS / "hello-user"), "--agent", "oracle", "--run-root", str(tmp_path))

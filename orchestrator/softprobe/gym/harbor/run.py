@@ -202,14 +202,14 @@ async def run_tasks(
     return list(await asyncio.gather(*(one(path) for path in tasks)))
 
 
-async def _start_task_episode(host: Any, task: HarborTask, base: dict[str, Any], started: float, *,
-                              healthcheck: bool = True) -> tuple[EpisodeHandle, ResetResult] | TaskRun:
-    """Create and reset an episode of ``task`` on ``host``, then (with ``healthcheck``) run the
-    task's healthcheck: the episode's handle and reset, or, when the healthcheck failed, the
-    task's ``unhealthy`` run (its episode destroyed)."""
+async def _start_task_episode(host: Any, task: HarborTask, base: dict[str, Any],
+                              started: float) -> tuple[EpisodeHandle, ResetResult] | TaskRun:
+    """Create and reset an episode of ``task`` on ``host``, then run the task's healthcheck (if
+    it has one): the episode's handle and reset, or, when the healthcheck failed, the task's
+    ``unhealthy`` run (its episode destroyed)."""
     handle = await host.create_episode()
     reset = await host.reset(episode_id=handle.episode_id)
-    if healthcheck and task.healthcheck is not None:
+    if task.healthcheck is not None:
         problem = await _healthcheck(host, handle.episode_id, task)
         if problem is not None:
             await host.destroy(episode_id=handle.episode_id)
@@ -304,8 +304,10 @@ async def _run_steps(prepared: PreparedTask, agent: str, run_root: Path, docker_
     done: list[dict[str, Any]] = []
     verdicts: list[VerifierResult] = []
     try:
-        begun = await _start_task_episode(host, task, base, started, healthcheck=False)
-        assert not isinstance(begun, TaskRun)  # no healthcheck ran: nothing to refuse the episode
+        # The healthcheck runs once, when the environment is up, before the first step (as Harbor's).
+        begun = await _start_task_episode(host, task, base, started)
+        if isinstance(begun, TaskRun):
+            return begun
         handle, reset = begun
         episode_id = handle.episode_id
         over = False
