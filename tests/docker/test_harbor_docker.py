@@ -81,25 +81,18 @@ def test_harbor_check_says_which_tasks_are_not_valid(tmp_path: Path, capsys: pyt
         ("verifier-timeout", False)]
 
 
-def test_a_failing_healthcheck_stops_the_task_before_the_agent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("name", "passing"), [
+    ("hello-healthcheck", "test -s /app/config.ini"),
+    ("hello-multi-step", "test -d /app"),  # once, before the first step
+])
+def test_a_failing_healthcheck_stops_the_task_before_the_agent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, passing: str) -> None:
     import shutil
 
     task = tmp_path / "unhealthy"
-    shutil.copytree(TASKS / "hello-healthcheck", task)
+    shutil.copytree(TASKS / name, task)
     toml = task / "task.toml"
-    toml.write_text(toml.read_text().replace("test -s /app/config.ini", "test -s /app/missing.ini"))
-    code, runs = _cli(capsys, "run", str(task), "--run-root", str(tmp_path / "run"))
-    assert code == 1 and runs[0]["status"] == "unhealthy" and "3 times" in runs[0]["detail"]
-
-
-def test_a_failing_healthcheck_stops_a_multi_step_task_before_its_first_step(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import shutil
-
-    task = tmp_path / "unhealthy-steps"
-    shutil.copytree(TASKS / "hello-multi-step", task)
-    toml = task / "task.toml"
-    toml.write_text(toml.read_text().replace("test -d /app", "test -s /app/missing.ini"))
+    toml.write_text(toml.read_text().replace(passing, "test -s /app/missing.ini"))
     code, runs = _cli(capsys, "run", str(task), "--run-root", str(tmp_path / "run"))
     assert code == 1 and runs[0]["status"] == "unhealthy" and "3 times" in runs[0]["detail"]
     assert runs[0]["reward"] is None
